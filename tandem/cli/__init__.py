@@ -1,0 +1,31 @@
+"""Thin typer CLI: each sub-command parses flags, calls one library function, prints.
+
+Sub-command groups live in one small module each (``models``, ``generate``, ``bench``,
+``net``, ``index``) so they stay readable; this module only wires them together and turns
+`TandemError` into a one-line message with exit status 2.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from tandem.cli import bench, generate, index, models, net
+from tandem.errors import TandemError
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__.splitlines()[0])
+app.add_typer(models.app, name="models", help="List and prepare the named models.")
+app.add_typer(bench.app, name="bench", help="Benchmarks; results go to bench/results/.")
+app.add_typer(net.app, name="net", help="Emulated network between a device and a cloud.")
+app.add_typer(index.app, name="index", help="Build and query retrieval indexes.")
+app.command("generate")(generate.generate)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    try:
+        app()
+    except TandemError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None

@@ -1,0 +1,128 @@
+"""The causal-LM protocol every backend implements, and its state object.
+
+Words used here:
+- *row*: one sequence in a batch. Rows may have different prefixes (one row per retrieved
+  document in DRAGON's per-document decoding); they are left-padded internally so that tokens
+  appended later line up at the right end.
+- *seq_len*: the padded length of every row (prefix padding + tokens). `crop(state, n)` keeps
+  the first `n` padded positions; because new tokens are appended to all rows at once, this
+  removes the same newest tokens from every row. `rollback(state, k)` drops the newest `k`.
+- *cancel*: a `threading.Event`; backends check it between transformer layers and raise
+  `Cancelled`, leaving the state exactly as it was before the call (preemptible decoding).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from tandem.errors import TandemError
+
+
+class Cancelled(TandemError):
+    """A forward pass was aborted because its cancel event was set; the state is unchanged."""
+
+
+@dataclass
+class State:
+    """KV state of a batch of rows. Treat as opaque outside a backend except the fields below.
+
+    ids:     [batch, seq_len] token ids, left-padded with `pad_id` (padding is masked out)
+    pads:    per-row number of left padding positions
+    logits:  [batch, vocab] float32 logits at each row's last position (next-token logits);
+             None right after a crop past the last decode block (decode the next token to refresh)
+    cache:   backend-specific KV storage
+    recent_logits: [batch, n, vocab] logits of the last decode block (kept so a crop inside it
+             can restore `logits` without a forward pass), or None
+    """
+
+    ids: torch.Tensor
+    pads: list[int]
+    logits: torch.Tensor | None
+    cache: Any = field(repr=False)
+    recent_logits: torch.Tensor | None = field(default=None, repr=False)
+
+    @property
+    def seq_len(self) -> int:
+        return int(self.ids.shape[1])
+
+    @property
+    def batch(self) -> int:
+        return int(self.ids.shape[0])
+
+    @property
+    def lengths(self) -> list[int]:
+        """Real (unpadded) tokens per row."""
+        return [self.seq_len - p for p in self.pads]
+
+    def row_ids(self, row: int) -> list[int]:
+        """The real token ids of one row."""
+        return self.ids[row, self.pads[row] :].tolist()
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    """Text <-> ids. `fingerprint` identifies the vocabulary (sha256 hex of its contents)."""
+
+    vocab_size: int
+    eos_token_id: int | None
+    fingerprint: str
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+
+@runtime_checkable
+class CausalLM(Protocol):
+    """A causal language model with an explicit, rollback-able KV state."""
+
+    name: str
+    vocab_size: int  # width of the logits (may exceed tokenizer.vocab_size: padded embeddings)
+    tokenizer: Tokenizer
+    fingerprint: str  # identifies weights + tokenizer (for caches keyed by model)
+
+    def prefill(
+        self, ids: list[int] | list[list[int]], cancel: threading.Event | None = None
+    ) -> State:
+        """Run the prompt(s); one row per list. Returns a state whose `logits` predict the next token."""
+        ...
+
+    def decode(
+        self, state: State, ids: torch.Tensor | list[list[int]] | list[int],
+        cancel: threading.Event | None = None,
+    ) -> torch.Tensor:
+        """Append ids ([batch, n], or [n] when batch == 1) to every row.
+
+        Returns logits [batch, n, vocab] (float32); updates `state` in place (ids, cache, logits).
+        On cancellation raises `Cancelled` and leaves `state` unchanged.
+        """
+        ...
+
+    def crop(self, state: State, seq_len: int) -> None:
+        """Keep the first `seq_len` padded positions of every row (rollback); in place."""
+        ...
+
+    def rollback(self, state: State, num_tokens: int) -> None:
+        """Drop the newest `num_tokens` of every row; in place."""
+        ...
+
+    def score(self, ids: list[int]) -> torch.Tensor:
+        """Logits [len(ids), vocab] for every position of one sequence (no state kept)."""
+        ...
+
+    def stack(self, states: list[State]) -> State:
+        """Batch single-row states with different lengths into one left-padded state."""
+        ...
+
+    def save_state(self, state: State, path: Path) -> None:
+        """Write a state (KV cache, ids, logits) to a safetensors file, atomically."""
+        ...
+
+    def load_state(self, path: Path) -> State:
+        """Read a state written by `save_state` of a model with the same fingerprint."""
+        ...

