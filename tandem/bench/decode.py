@@ -34,7 +34,9 @@ def context_ids(tokenizer, length: int) -> list[int]:
     return ids[:length]
 
 
-def profile_model(lm, contexts: list[int], decode_tokens: int, repeats: int, verify_tokens: int, progress=None):
+def profile_model(
+    lm, contexts: list[int], decode_tokens: int, repeats: int, verify_tokens: int, progress=None
+):
     rows = []
     task = progress.add_task(lm.name, total=len(contexts)) if progress else None
     base = context_ids(lm.tokenizer, max(contexts) + decode_tokens + verify_tokens)
@@ -94,39 +96,61 @@ def run(
     with Progress(transient=True) as progress:
         for name in models:
             lm = load_model(name, progress=False)
-            results.append(profile_model(lm, sorted(contexts), decode_tokens, repeats, verify_tokens, progress))
+            results.append(
+                profile_model(lm, sorted(contexts), decode_tokens, repeats, verify_tokens, progress)
+            )
             del lm
             gc.collect()
-    payload = {"benchmark": "decode", "decode_tokens": decode_tokens, "repeats": repeats, "models": results}
+    payload = {
+        "benchmark": "decode",
+        "decode_tokens": decode_tokens,
+        "repeats": repeats,
+        "models": results,
+    }
     json_path = save_json(out, "decode", payload)
 
     fig, axes = new_figure(ncols=2)
     for res in results:
         ctx = [p["context"] for p in res["points"]]
         axes[0][0].plot(ctx, [p["prefill_ms"] for p in res["points"]], "o-", label=res["model"])
-        axes[0][1].plot(ctx, [p["decode_ms_per_token"] for p in res["points"]], "o-", label=res["model"])
+        axes[0][1].plot(
+            ctx, [p["decode_ms_per_token"] for p in res["points"]], "o-", label=res["model"]
+        )
         fit = res["decode_fit"]
-        axes[0][1].plot(ctx, [fit["intercept_ms"] + fit["slope_ms_per_token"] * c for c in ctx], "k:", lw=1)
+        axes[0][1].plot(
+            ctx, [fit["intercept_ms"] + fit["slope_ms_per_token"] * c for c in ctx], "k:", lw=1
+        )
     axes[0][0].set(xlabel="context tokens", ylabel="prefill ms", title="prefill latency")
-    axes[0][1].set(xlabel="context tokens", ylabel="ms / token", title="decode latency (dotted: LSQ fit)")
+    axes[0][1].set(
+        xlabel="context tokens", ylabel="ms / token", title="decode latency (dotted: LSQ fit)"
+    )
     for ax in axes[0]:
         ax.legend()
         ax.grid(alpha=0.3)
     png_path = save_png(fig, out, "decode")
 
-    table = Table("model", "context", "prefill ms", "decode ms/token", f"verify block ms")
+    table = Table("model", "context", "prefill ms", "decode ms/token", "verify block ms")
     for res in results:
         for p in res["points"]:
-            table.add_row(res["model"], str(p["context"]), f"{p['prefill_ms']:.1f}",
-                          f"{p['decode_ms_per_token']:.1f}", f"{p['verify_block_ms']:.1f}")
+            table.add_row(
+                res["model"],
+                str(p["context"]),
+                f"{p['prefill_ms']:.1f}",
+                f"{p['decode_ms_per_token']:.1f}",
+                f"{p['verify_block_ms']:.1f}",
+            )
     console = Console()
     console.print(table)
     for res in results:
         fit = res["decode_fit"]
-        console.print(f"{res['model']}: decode ms/token ≈ {fit['intercept_ms']:.1f} + {fit['slope_ms_per_token']*1000:.2f}e-3 × context")
+        console.print(
+            f"{res['model']}: decode ms/token ≈ {fit['intercept_ms']:.1f} + {fit['slope_ms_per_token'] * 1000:.2f}e-3 × context"
+        )
     if len(results) == 2:
         a, b = results
         ratio = b["points"][0]["decode_ms_per_token"] / a["points"][0]["decode_ms_per_token"]
-        console.print(f"{b['model']} / {a['model']} decode latency at context {a['points'][0]['context']}: {ratio:.2f}x")
+        console.print(
+            f"{b['model']} / {a['model']} decode latency at context {a['points'][0]['context']}: {ratio:.2f}x"
+        )
     console.print(f"saved {json_path} and {png_path}")
     return payload

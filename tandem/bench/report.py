@@ -40,7 +40,9 @@ def new_figure(ncols: int = 1, nrows: int = 1, size: tuple[float, float] = (6.0,
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(nrows, ncols, figsize=(size[0] * ncols, size[1] * nrows), squeeze=False)
+    fig, axes = plt.subplots(
+        nrows, ncols, figsize=(size[0] * ncols, size[1] * nrows), squeeze=False
+    )
     return fig, axes
 
 

@@ -11,13 +11,17 @@ DEFAULT_PROMPT = "Write a Python function that checks whether a string is a pali
 
 def generate(
     prompt: str = typer.Option(DEFAULT_PROMPT, "--prompt", "-p", help="What to ask the model."),
-    model: str = typer.Option("qwen2.5-coder-0.5b", "--model", "-m", help="Model name or local HF directory."),
+    model: str = typer.Option(
+        "qwen2.5-coder-0.5b", "--model", "-m", help="Model name or local HF directory."
+    ),
     max_new_tokens: int = typer.Option(64, "--max-new-tokens", "-n", min=1),
     temperature: float = typer.Option(0.0, "--temperature", "-t", min=0.0, help="0 = greedy."),
     top_p: float = typer.Option(None, "--top-p", min=0.0, max=1.0),
     top_k: int = typer.Option(None, "--top-k", min=1),
     seed: int = typer.Option(0, "--seed"),
-    raw: bool = typer.Option(False, "--raw", help="Use the prompt as-is, without the chat template."),
+    raw: bool = typer.Option(
+        False, "--raw", help="Use the prompt as-is, without the chat template."
+    ),
 ) -> None:
     """Generate text with one model, streaming tokens as they come."""
     from tandem.config import SamplingConfig

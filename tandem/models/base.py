@@ -93,7 +93,9 @@ class CausalLM(Protocol):
         ...
 
     def decode(
-        self, state: State, ids: torch.Tensor | list[list[int]] | list[int],
+        self,
+        state: State,
+        ids: torch.Tensor | list[list[int]] | list[int],
         cancel: threading.Event | None = None,
     ) -> torch.Tensor:
         """Append ids ([batch, n], or [n] when batch == 1) to every row.

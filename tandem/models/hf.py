@@ -107,7 +107,9 @@ class HFCausalLM:
         rows = _as_rows(ids)
         width = max(len(r) for r in rows)
         pads = [width - len(r) for r in rows]
-        tokens = torch.tensor([[self.pad_id] * p + r for p, r in zip(pads, rows)], dtype=torch.long)
+        tokens = torch.tensor(
+            [[self.pad_id] * p + r for p, r in zip(pads, rows, strict=True)], dtype=torch.long
+        )
         mask = _mask(pads, width)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = self._new_cache()
@@ -201,7 +203,9 @@ class HFCausalLM:
             if meta.get("format") != FORMAT:
                 raise TandemError(f"{path}: not a tandem KV file")
             if meta.get("fingerprint") != self.fingerprint:
-                raise TandemError(f"{path}: KV cache was made by another model ({self.name} differs)")
+                raise TandemError(
+                    f"{path}: KV cache was made by another model ({self.name} differs)"
+                )
             tensors = {key: f.get_tensor(key) for key in f.keys()}  # noqa: SIM118
         cache = self._new_cache()
         for i in range(len(self.layers)):

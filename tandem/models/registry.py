@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING
 from tandem.errors import TandemError
 
 if TYPE_CHECKING:
-    from tandem.models.hf import HFCausalLM
     from tandem.models.base import Tokenizer
+    from tandem.models.hf import HFCausalLM
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -112,7 +112,9 @@ def assemble_gguf(spec: ModelSpec, dest: Path, progress: bool = True) -> Path:
     paths = part_paths(spec)
     total = sum(p.stat().st_size for p in paths)
     if total != spec.size:
-        raise TandemError(f"model '{spec.name}': parts add up to {total} bytes, expected {spec.size}")
+        raise TandemError(
+            f"model '{spec.name}': parts add up to {total} bytes, expected {spec.size}"
+        )
     digest = hashlib.sha256()
     with open(dest, "wb") as out, Progress(disable=not progress, transient=True) as bar:
         task = bar.add_task(f"assembling {spec.name}", total=total)

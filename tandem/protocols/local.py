@@ -30,7 +30,11 @@ class GenerationResult:
     @property
     def tokens_per_s(self) -> float:
         """Decode throughput (tokens after the first, over the time after the first)."""
-        return (len(self.tokens) - 1) / self.decode_s if len(self.tokens) > 1 and self.decode_s else 0.0
+        return (
+            (len(self.tokens) - 1) / self.decode_s
+            if len(self.tokens) > 1 and self.decode_s
+            else 0.0
+        )
 
 
 class IncrementalDetokenizer:
@@ -66,7 +70,9 @@ def generate(
     first_at = start
     finish = "length"
     for step in range(config.max_new_tokens):
-        probs = warp(state.logits[0], temperature=config.temperature, top_k=config.top_k, top_p=config.top_p)
+        probs = warp(
+            state.logits[0], temperature=config.temperature, top_k=config.top_k, top_p=config.top_p
+        )
         token = int(sample(probs, generator))
         tokens.append(token)
         if step == 0:

@@ -7,7 +7,7 @@ import threading
 import pytest
 import torch
 
-from tandem.models.base import CausalLM, Cancelled
+from tandem.models.base import Cancelled, CausalLM
 
 ATOL = 1e-4
 
@@ -130,9 +130,9 @@ def test_save_load_state_round_trip(lm, tmp_path):
 
 def test_greedy_matches_transformers_generate(lm):
     ids = _prompt(lm)
-    ref = lm.model.generate(
-        torch.tensor([ids]), max_new_tokens=6, do_sample=False, pad_token_id=0
-    )[0, len(ids) :].tolist()
+    ref = lm.model.generate(torch.tensor([ids]), max_new_tokens=6, do_sample=False, pad_token_id=0)[
+        0, len(ids) :
+    ].tolist()
     state = lm.prefill(ids)
     out = []
     for _ in range(6):

@@ -1,0 +1,50 @@
+"""The console script end to end, as a user runs it (subprocess)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+
+def tandem(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", "from tandem.cli import main; main()", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_help_lists_the_command_groups():
+    out = tandem("--help")
+    assert out.returncode == 0
+    for group in ("models", "generate", "bench", "net", "index"):
+        assert group in out.stdout
+
+
+def test_unknown_model_is_one_line_without_traceback():
+    out = tandem("generate", "--model", "no-such-model", "-n", "2")
+    assert out.returncode == 2
+    assert out.stderr.strip().startswith("error: unknown model 'no-such-model'")
+    assert "Traceback" not in out.stderr
+
+
+def test_generate_streams_with_tiny_model():
+    out = tandem("generate", "--model", "tiny-qwen2", "-n", "5", "--raw", "-p", "hi")
+    assert out.returncode == 0, out.stderr
+    assert "5 tokens" in out.stderr and "tokens/s" in out.stderr
+
+
+def test_bad_flag_value_is_rejected():
+    out = tandem("generate", "--model", "tiny-qwen2", "--temperature", "-1")
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr
+
+
+@pytest.mark.slow
+def test_generate_with_real_model():
+    out = tandem("generate", "-n", "16")
+    assert out.returncode == 0, out.stderr
+    assert "palindrome" in out.stdout.lower()  # greedy answer to the default prompt
