@@ -1,0 +1,200 @@
+"""DRAGON's output aggregation and Speculative Aggregation (paper Sec. 4, Algorithm 1).
+
+Words used here:
+- *side*: `local` is the side that runs the aggregator, `remote` the peer. Each side holds a
+  *locally aggregated* law over the vocabulary, `local_probs` / `remote_probs`, the
+  relevance-weighted mixture of its per-document laws (`document_mixture`).
+- *logweight* h_s: logsumexp of the side's document relevance scores (`side_logweight`); the
+  side weights are eta = softmax([h_l, h_r]) (`side_weights`).
+- *aggregate law*: eta_l * local_probs + eta_r * remote_probs (`mixture`), the law VDRAG
+  samples token by token.
+- *draft token*: each side samples its own draft from its own law, without waiting.
+- *Sample(x, own, other, eta_other)*: keep the draft x, unless own(x) > other(x), in which case
+  it is replaced, with probability eta_other * (1 - other(x) / own(x)), by a draw from
+  norm(max(0, other - own)). The kept token follows the aggregate law exactly.
+- *accepted*: after Sample runs on both drafts and a fair coin picks one result as the target
+  token, a draft is accepted iff it equals the target token.
+
+The target token's law is exactly the aggregate law given independent drafts, each drawn
+from the law the aggregator holds for its side (`docs/exactness.md`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tandem.sampling.warp import normalize
+
+
+@dataclass(frozen=True)
+class AggregateBatch:
+    """Outcomes of a batch of independent aggregation steps."""
+
+    token: torch.Tensor  # [batch] int64, the target token
+    local_accepted: torch.Tensor  # [batch] bool
+    remote_accepted: torch.Tensor  # [batch] bool
+
+
+def side_logweight(scores: torch.Tensor) -> torch.Tensor:
+    """h = logsumexp of a side's relevance scores. [docs] -> scalar (-inf with no docs)."""
+    assert scores.dim() == 1, scores.shape
+    return torch.logsumexp(scores, dim=0)
+
+
+def side_weights(
+    local_logweight: torch.Tensor | float, remote_logweight: torch.Tensor | float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(eta_l, eta_r) = softmax([h_l, h_r]); works on scalars or matching [batch] tensors."""
+    local_logweight = torch.as_tensor(local_logweight, dtype=torch.float64)
+    remote_logweight = torch.as_tensor(remote_logweight, dtype=torch.float64)
+    both = torch.stack(torch.broadcast_tensors(local_logweight, remote_logweight), dim=-1)
+    assert bool(torch.isfinite(both.amax(dim=-1)).all()), "both sides have zero weight"
+    weights = torch.softmax(both, dim=-1)  # [..., 2]
+    return weights[..., 0], weights[..., 1]
+
+
+def document_mixture(
+    doc_probs: torch.Tensor,  # [docs, vocab]
+    scores: torch.Tensor,  # [docs]
+) -> torch.Tensor:  # [vocab]
+    """A side's locally aggregated law: sum_d softmax(scores)(d) * doc_probs[d]."""
+    assert doc_probs.dim() == 2 and scores.shape == doc_probs.shape[:1], (
+        doc_probs.shape,
+        scores.shape,
+    )
+    weights = torch.softmax(scores.to(doc_probs.dtype), dim=0)  # [docs]
+    return weights @ doc_probs
+
+
+def mixture(
+    local_probs: torch.Tensor,  # [..., vocab]
+    remote_probs: torch.Tensor,  # [..., vocab]
+    local_logweight: torch.Tensor | float,  # [...] or scalar
+    remote_logweight: torch.Tensor | float,  # [...] or scalar
+) -> torch.Tensor:  # [..., vocab]
+    """The aggregate law eta_l * local_probs + eta_r * remote_probs."""
+    eta_l, eta_r = side_weights(local_logweight, remote_logweight)
+    eta_l = eta_l.to(local_probs.dtype).unsqueeze(-1)
+    eta_r = eta_r.to(local_probs.dtype).unsqueeze(-1)
+    return eta_l * local_probs + eta_r * remote_probs
+
+
+def resample_transition(
+    own_probs: torch.Tensor,  # [vocab]
+    other_probs: torch.Tensor,  # [vocab]
+    other_weight: torch.Tensor | float,
+) -> torch.Tensor:  # [vocab, vocab]
+    """Exact kernel of Sample(x, own, other, eta_other): entry [x, y] = P(result y | draft x)."""
+    other_weight = torch.as_tensor(other_weight, dtype=own_probs.dtype)
+    excess = (own_probs - other_probs).clamp_min(0.0)  # [vocab]
+    safe_own = own_probs.clamp_min(torch.finfo(own_probs.dtype).tiny)
+    replace = torch.where(excess > 0, other_weight * excess / safe_own, 0.0)  # [vocab]
+    replacement = normalize((other_probs - own_probs).clamp_min(0.0), other_probs)  # [vocab]
+    keep = torch.diag(1.0 - replace)
+    return keep + replace.unsqueeze(-1) * replacement.unsqueeze(0)
+
+
+def acceptance_rates(
+    local_probs: torch.Tensor,  # [vocab]
+    remote_probs: torch.Tensor,  # [vocab]
+    local_logweight: torch.Tensor | float,
+    remote_logweight: torch.Tensor | float,
+) -> tuple[float, float]:
+    """Expected acceptance rates (alpha_l, alpha_r) of Algorithm 1, paper Eq. (5), coin 1/2.
+
+    alpha_l = 1/2 (1 - eta_r * delta) + 1/2 sum_x local(x) target(x), delta the total
+    variation between the sides (symmetric for alpha_r). The scheduler uses these.
+    """
+    eta_l, eta_r = side_weights(local_logweight, remote_logweight)
+    target = mixture(local_probs, remote_probs, local_logweight, remote_logweight)
+    delta = float(1.0 - torch.minimum(local_probs, remote_probs).sum())
+    alpha_l = 0.5 * (1.0 - float(eta_r) * delta) + 0.5 * float((local_probs * target).sum())
+    alpha_r = 0.5 * (1.0 - float(eta_l) * delta) + 0.5 * float((remote_probs * target).sum())
+    return alpha_l, alpha_r
+
+
+def _resample(
+    draft_tokens: torch.Tensor,  # [batch] int64
+    own_probs: torch.Tensor,  # [batch, vocab]
+    other_probs: torch.Tensor,  # [batch, vocab]
+    other_weight: torch.Tensor,  # [batch]
+    generator: torch.Generator,
+) -> torch.Tensor:  # [batch]
+    """Algorithm 1's Sample(x, own, other, eta_other), batched."""
+    uniforms = torch.rand(
+        draft_tokens.shape, generator=generator, dtype=own_probs.dtype, device=own_probs.device
+    )
+    own_at = own_probs.gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)  # [batch]
+    other_at = other_probs.gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)  # [batch]
+    # u < eta (1 - other/own)  <=>  u * own < eta * (own - other), for own > other >= 0.
+    replace = (own_at > other_at) & (uniforms * own_at < other_weight * (own_at - other_at))
+    replacement = normalize((other_probs - own_probs).clamp_min(0.0), other_probs)
+    drawn = torch.multinomial(replacement, 1, generator=generator).squeeze(-1)  # [batch]
+    return torch.where(replace, drawn, draft_tokens)
+
+
+def speculative_aggregate_batch(
+    local_tokens: torch.Tensor,  # [batch] int64
+    local_probs: torch.Tensor,  # [batch, vocab]
+    remote_tokens: torch.Tensor,  # [batch] int64
+    remote_probs: torch.Tensor,  # [batch, vocab]
+    local_logweight: torch.Tensor | float,  # [batch] or scalar
+    remote_logweight: torch.Tensor | float,  # [batch] or scalar
+    generator: torch.Generator,
+    *,
+    greedy: bool = False,
+) -> AggregateBatch:
+    """Algorithm 1 on a batch of independent steps (see `speculative_aggregate`)."""
+    batch, vocab = local_probs.shape
+    assert remote_probs.shape == (batch, vocab), (remote_probs.shape, local_probs.shape)
+    assert local_tokens.shape == (batch,) and remote_tokens.shape == (batch,)
+    assert local_tokens.dtype == torch.int64 and remote_tokens.dtype == torch.int64
+    if greedy:
+        target = mixture(local_probs, remote_probs, local_logweight, remote_logweight)
+        token = target.argmax(dim=-1)  # [batch]
+    else:
+        eta_l, eta_r = side_weights(local_logweight, remote_logweight)
+        eta_l = eta_l.to(local_probs.dtype).expand(batch)
+        eta_r = eta_r.to(local_probs.dtype).expand(batch)
+        local_result = _resample(local_tokens, local_probs, remote_probs, eta_r, generator)
+        remote_result = _resample(remote_tokens, remote_probs, local_probs, eta_l, generator)
+        coin = torch.rand(batch, generator=generator, device=local_probs.device)
+        token = torch.where(coin < 0.5, local_result, remote_result)  # exactly 1/2 each
+    return AggregateBatch(
+        token=token,
+        local_accepted=local_tokens == token,
+        remote_accepted=remote_tokens == token,
+    )
+
+
+def speculative_aggregate(
+    local_token: int,
+    local_probs: torch.Tensor,  # [vocab]
+    remote_token: int,
+    remote_probs: torch.Tensor,  # [vocab]
+    local_logweight: torch.Tensor | float,
+    remote_logweight: torch.Tensor | float,
+    generator: torch.Generator,
+    *,
+    greedy: bool = False,
+) -> tuple[int, bool, bool]:
+    """One step of Speculative Aggregation: (target token, local accepted, remote accepted).
+
+    `local_token` ~ `local_probs` and `remote_token` ~ `remote_probs`, drawn independently.
+    With `greedy`, the target token is the argmax of the aggregate law (temperature 0: the
+    sides should draft the argmax of their own law and send untempered laws).
+    """
+    assert local_probs.dim() == 1 and remote_probs.shape == local_probs.shape
+    out = speculative_aggregate_batch(
+        torch.tensor([local_token], device=local_probs.device),
+        local_probs.unsqueeze(0),
+        torch.tensor([remote_token], device=local_probs.device),
+        remote_probs.unsqueeze(0),
+        torch.as_tensor(local_logweight).reshape(1),
+        torch.as_tensor(remote_logweight).reshape(1),
+        generator,
+        greedy=greedy,
+    )
+    return int(out.token[0]), bool(out.local_accepted[0]), bool(out.remote_accepted[0])

@@ -1,0 +1,174 @@
+"""Block verification for speculative decoding (Leviathan et al. 2023; Chen et al. 2023).
+
+Words used here:
+- *draft tokens*: the gamma tokens a drafter proposed, each drawn from its row of
+  `draft_probs`.
+- *target_probs*: the verifier's law at each draft position plus one more row, the *bonus*
+  position after the last draft token: gamma + 1 rows.
+- *accepted*: draft token i is kept with probability min(1, target(x_i) / draft(x_i)); the block
+  stops at the first rejection.
+- *residual*: the law a rejected position is resampled from, norm(max(0, target - draft)).
+  Its mass is zero only when target == draft on that row, where a rejection cannot happen;
+  the target row is then used so that float round-off never divides by zero.
+- *recovered token*: the token drawn from the residual at the first rejected position.
+- *bonus token*: drawn from the bonus row when every draft token was accepted.
+- *next token*: the recovered or the bonus token; a block always emits
+  `num_accepted + 1` tokens.
+- *greedy rows*: when every target row of a block is one-hot (temperature 0), acceptance is
+  the deterministic test `draft token == argmax`, and the next token is the argmax.
+
+The output law is exactly the target chain (`docs/exactness.md`, `tests/exactness/`).
+`verify_batch` is the implementation; `verify` is its one-block view.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tandem.sampling.warp import is_one_hot, normalize
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The outcome of verifying one block of draft tokens."""
+
+    num_accepted: int
+    next_token: int
+    is_bonus: bool
+    accepted_tokens: tuple[int, ...]
+
+    @property
+    def tokens(self) -> tuple[int, ...]:
+        """Every token the block emits: the accepted drafts then the next token."""
+        return (*self.accepted_tokens, self.next_token)
+
+
+@dataclass(frozen=True)
+class BatchVerdict:
+    """Outcomes of verifying a batch of independent blocks (tensors, one entry per block)."""
+
+    draft_tokens: torch.Tensor  # [batch, gamma] int64
+    num_accepted: torch.Tensor  # [batch] int64
+    next_token: torch.Tensor  # [batch] int64
+    is_bonus: torch.Tensor  # [batch] bool
+
+    def row(self, index: int) -> Verdict:
+        num_accepted = int(self.num_accepted[index])
+        return Verdict(
+            num_accepted=num_accepted,
+            next_token=int(self.next_token[index]),
+            is_bonus=bool(self.is_bonus[index]),
+            accepted_tokens=tuple(int(t) for t in self.draft_tokens[index, :num_accepted]),
+        )
+
+
+def acceptance_probs(
+    draft_tokens: torch.Tensor,  # [..., gamma] int64
+    draft_probs: torch.Tensor,  # [..., gamma, vocab]
+    target_probs: torch.Tensor,  # [..., gamma(+1), vocab]
+) -> torch.Tensor:  # [..., gamma]
+    """Exact probability that each draft token passes its own test, min(1, target/draft).
+
+    A draft token the drafter gave probability 0 is accepted iff the target allows it.
+    """
+    gamma = draft_tokens.shape[-1]
+    index = draft_tokens.unsqueeze(-1)  # [..., gamma, 1]
+    draft_at = draft_probs.gather(-1, index).squeeze(-1)  # [..., gamma]
+    target_at = target_probs[..., :gamma, :].gather(-1, index).squeeze(-1)  # [..., gamma]
+    ratio = target_at / draft_at.clamp_min(torch.finfo(draft_at.dtype).tiny)
+    return torch.where(draft_at > 0, ratio.clamp(max=1.0), (target_at > 0).to(ratio.dtype))
+
+
+def residual(
+    draft_probs: torch.Tensor,  # [..., vocab]
+    target_probs: torch.Tensor,  # [..., vocab]
+) -> torch.Tensor:  # [..., vocab]
+    """norm(max(0, target - draft)); the target row where that has no mass."""
+    return normalize((target_probs - draft_probs).clamp_min(0.0), target_probs)
+
+
+def position_law(
+    draft_probs: torch.Tensor,  # [..., vocab]
+    target_probs: torch.Tensor,  # [..., vocab]
+    residual_probs: torch.Tensor | None = None,  # [..., vocab]
+) -> torch.Tensor:  # [..., vocab]
+    """Exact law of the token emitted at one position when its draft token ~ `draft_probs`.
+
+    Accept-and-keep mass is min(draft, target); the rest, 1 - sum(min), is spread by the
+    residual law (the standard one unless another is given, as RAPID's paper mode does).
+    Equals `target_probs` for the standard residual.
+    """
+    if residual_probs is None:
+        residual_probs = residual(draft_probs, target_probs)
+    kept = torch.minimum(draft_probs, target_probs)
+    rejected = (1.0 - kept.sum(dim=-1, keepdim=True)).clamp_min(0.0)
+    return kept + rejected * residual_probs
+
+
+def verify_batch(
+    draft_tokens: torch.Tensor,  # [batch, gamma] int64
+    draft_probs: torch.Tensor,  # [batch, gamma, vocab]
+    target_probs: torch.Tensor,  # [batch, gamma + 1, vocab]
+    generator: torch.Generator,
+    *,
+    residual_probs: torch.Tensor | None = None,  # [batch, gamma, vocab]
+) -> BatchVerdict:
+    """Verify a batch of independent draft blocks at once.
+
+    `residual_probs` replaces the standard residual law (RAPID's paper mode uses this);
+    leave it None for exact speculative sampling.
+    """
+    batch, gamma = draft_tokens.shape
+    vocab = target_probs.shape[-1]
+    assert draft_probs.shape == (batch, gamma, vocab), (draft_probs.shape, draft_tokens.shape)
+    assert target_probs.shape == (batch, gamma + 1, vocab), (target_probs.shape, gamma)
+    assert draft_tokens.dtype == torch.int64, draft_tokens.dtype
+    if residual_probs is None:
+        residual_probs = residual(draft_probs, target_probs[:, :gamma])
+    assert residual_probs.shape == (batch, gamma, vocab), residual_probs.shape
+
+    # Stochastic path: u * draft(x) < target(x) has probability min(1, target(x) / draft(x)).
+    uniforms = torch.rand(
+        (batch, gamma), generator=generator, dtype=target_probs.dtype, device=target_probs.device
+    )
+    index = draft_tokens.unsqueeze(-1)  # [batch, gamma, 1]
+    draft_at = draft_probs.gather(-1, index).squeeze(-1)  # [batch, gamma]
+    target_at = target_probs[:, :gamma].gather(-1, index).squeeze(-1)  # [batch, gamma]
+    passed = uniforms * draft_at < target_at  # [batch, gamma]
+
+    # Greedy path: all target rows one-hot -> accept iff the draft token is the argmax.
+    greedy = is_one_hot(target_probs).all(dim=-1)  # [batch]
+    argmax = target_probs.argmax(dim=-1)  # [batch, gamma + 1]
+    passed = torch.where(greedy.unsqueeze(-1), draft_tokens == argmax[:, :gamma], passed)
+
+    num_accepted = passed.to(torch.int64).cumprod(dim=-1).sum(dim=-1)  # [batch]
+    is_bonus = num_accepted == gamma
+    # Row the next token comes from: the residual at the first rejection, or the bonus row.
+    final_rows = torch.cat([residual_probs, target_probs[:, gamma:]], dim=1)  # [batch, g+1, V]
+    pick = num_accepted.view(batch, 1, 1).expand(batch, 1, vocab)
+    final_probs = final_rows.gather(1, pick).squeeze(1)  # [batch, vocab]
+    sampled = torch.multinomial(final_probs, 1, generator=generator).squeeze(-1)  # [batch]
+    greedy_next = argmax.gather(1, num_accepted.unsqueeze(-1)).squeeze(-1)  # [batch]
+    next_token = torch.where(greedy, greedy_next, sampled)
+    return BatchVerdict(
+        draft_tokens=draft_tokens,
+        num_accepted=num_accepted,
+        next_token=next_token,
+        is_bonus=is_bonus,
+    )
+
+
+def verify(
+    draft_tokens: torch.Tensor,  # [gamma] int64
+    draft_probs: torch.Tensor,  # [gamma, vocab]
+    target_probs: torch.Tensor,  # [gamma + 1, vocab]
+    generator: torch.Generator,
+) -> Verdict:
+    """Verify one block of draft tokens against the target's rows (bonus row last)."""
+    assert draft_tokens.dim() == 1, draft_tokens.shape
+    verdicts = verify_batch(
+        draft_tokens.unsqueeze(0), draft_probs.unsqueeze(0), target_probs.unsqueeze(0), generator
+    )
+    return verdicts.row(0)

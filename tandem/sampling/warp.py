@@ -1,0 +1,107 @@
+"""Logit warping and sampling: logits -> probabilities -> tokens.
+
+Words used here:
+- *logits*: unnormalised scores over the vocabulary, `[..., vocab]`.
+- *warp*: temperature, then top-k, then top-p (the order transformers uses), then softmax.
+- *greedy*: temperature 0. The "distribution" is the one-hot vector of the argmax (the first
+  maximal index on ties), so every kernel downstream can treat greedy as a degenerate law.
+- *one-hot row*: a probability row whose largest entry is exactly 1.0. Kernels take their
+  deterministic greedy path on such rows.
+
+All functions are pure, work on any number of leading dimensions and keep the input dtype
+(float32 or float64). Randomness comes only from the `torch.Generator` passed in.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tandem.errors import TandemError
+
+
+def greedy_probs(logits: torch.Tensor) -> torch.Tensor:
+    """One-hot rows at the argmax of `logits`. [..., vocab] -> [..., vocab]"""
+    index = logits.argmax(dim=-1, keepdim=True)  # [..., 1]
+    out = torch.zeros_like(logits, dtype=_float_dtype(logits))
+    return out.scatter_(-1, index, 1.0)
+
+
+def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """Set every logit below the k-th largest to -inf (ties with the k-th are kept)."""
+    if k < 1:
+        raise TandemError(f"top_k must be >= 1, got {k}")
+    if k >= logits.shape[-1]:
+        return logits
+    kth = torch.topk(logits, k, dim=-1).values[..., -1:]  # [..., 1]
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Keep the smallest set of most likely tokens whose probability reaches `top_p`.
+
+    The most likely token is always kept, so the result is never empty.
+    """
+    if not 0.0 < top_p <= 1.0:
+        raise TandemError(f"top_p must be in (0, 1], got {top_p}")
+    if top_p >= 1.0:
+        return logits
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)  # [..., vocab]
+    sorted_probs = torch.softmax(sorted_logits, dim=-1)
+    mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs  # [..., vocab]
+    drop_sorted = mass_before >= top_p
+    drop = torch.zeros_like(drop_sorted).scatter_(-1, order, drop_sorted)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def warp(
+    logits: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+) -> torch.Tensor:
+    """Warped next-token probabilities. [..., vocab] logits -> [..., vocab] probs.
+
+    temperature 0 gives one-hot rows at the argmax (top-k/top-p cannot change the argmax).
+    """
+    if temperature < 0:
+        raise TandemError(f"temperature must be >= 0, got {temperature}")
+    if temperature == 0:
+        return greedy_probs(logits)
+    scaled = logits.to(_float_dtype(logits)) / temperature
+    if top_k is not None:
+        scaled = top_k_filter(scaled, top_k)
+    if top_p is not None:
+        scaled = top_p_filter(scaled, top_p)
+    return torch.softmax(scaled, dim=-1)
+
+
+def is_one_hot(probs: torch.Tensor) -> torch.Tensor:
+    """Whether each row is a greedy (one-hot) law. [..., vocab] -> bool [...]"""
+    return probs.amax(dim=-1) == 1.0
+
+
+def normalize(weights: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
+    """`weights / weights.sum()` row by row; rows with no mass take `fallback` instead.
+
+    weights, fallback: [..., vocab] non-negative. Used for residual laws, whose mass is zero
+    exactly when a rejection cannot happen, so the fallback never changes an output law.
+    """
+    mass = weights.sum(dim=-1, keepdim=True)  # [..., 1]
+    empty = mass <= 0
+    safe = torch.where(empty, fallback, weights)
+    return safe / torch.where(empty, fallback.sum(dim=-1, keepdim=True), mass)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Draw one token per row. [..., vocab] probs -> int64 [...]
+
+    Rows need not be exactly normalised; zero-probability tokens are never drawn.
+    """
+    flat = probs.reshape(-1, probs.shape[-1])  # [rows, vocab]
+    tokens = torch.multinomial(flat, 1, generator=generator)  # [rows, 1]
+    return tokens.reshape(probs.shape[:-1])
+
+
+def _float_dtype(tensor: torch.Tensor) -> torch.dtype:
+    return tensor.dtype if tensor.is_floating_point() else torch.float32

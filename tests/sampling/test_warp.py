@@ -1,0 +1,82 @@
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from tandem.errors import TandemError
+from tandem.sampling.warp import greedy_probs, is_one_hot, normalize, sample, warp
+
+
+def probs_logits(probs: list[float], dtype=torch.float64) -> torch.Tensor:
+    return torch.tensor([math.log(p) for p in probs], dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_temperature_scales_logits_and_keeps_dtype(dtype):
+    logits = torch.tensor([[1.0, 2.0, -0.5], [0.0, 0.0, 3.0]], dtype=dtype)
+    assert torch.allclose(warp(logits), torch.softmax(logits, -1))
+    hot = warp(logits, temperature=0.5)
+    assert hot.dtype == dtype
+    assert torch.allclose(hot, torch.softmax(2 * logits, -1))
+
+
+def test_temperature_zero_is_one_hot_argmax_first_on_ties():
+    logits = torch.tensor([[0.1, 3.0, 3.0, -1.0], [5.0, 0.0, 0.0, 0.0]])
+    probs = warp(logits, temperature=0.0, top_k=1, top_p=0.5)
+    assert probs.tolist() == [[0.0, 1.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]]
+    assert is_one_hot(probs).all()
+    assert torch.equal(greedy_probs(logits), probs)
+
+
+def test_top_k_keeps_the_k_largest_and_ties_with_the_kth():
+    logits = torch.tensor([0.0, 3.0, 1.0, 2.0, 2.0])
+    assert (warp(logits, top_k=2) > 0).tolist() == [False, True, False, True, True]
+    assert (warp(logits, top_k=1) > 0).tolist() == [False, True, False, False, False]
+    assert torch.allclose(warp(logits, top_k=10), warp(logits))
+
+
+def test_top_p_keeps_smallest_head_reaching_p():
+    logits = probs_logits([0.05, 0.5, 0.15, 0.3])
+    assert (warp(logits, top_p=0.75) > 0).tolist() == [False, True, False, True]
+    assert (warp(logits, top_p=0.85) > 0).tolist() == [False, True, True, True]
+    assert (warp(logits, top_p=0.1) > 0).tolist() == [False, True, False, False]
+    kept = warp(logits, top_p=0.75)
+    assert torch.allclose(kept[[1, 3]], torch.tensor([0.5, 0.3], dtype=torch.float64) / 0.8)
+
+
+def test_top_k_then_top_p_on_batched_rows():
+    logits = torch.stack([probs_logits([0.4, 0.3, 0.2, 0.1]), probs_logits([0.1, 0.2, 0.3, 0.4])])
+    probs = warp(logits.expand(2, 2, 4), top_k=3, top_p=0.6)
+    assert probs.shape == (2, 2, 4)
+    # top-k 3 renormalises to [4, 3, 2]/9; the head reaching 0.6 is the first two tokens.
+    assert (probs[0] > 0).tolist() == [[True, True, False, False], [False, False, True, True]]
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"temperature": -1.0}, {"top_k": 0}, {"top_p": 0.0}, {"top_p": 1.5}]
+)
+def test_bad_settings_raise_tandem_error(kwargs):
+    with pytest.raises(TandemError):
+        warp(torch.zeros(3), **kwargs)
+
+
+def test_sample_shapes_seeds_and_zero_mass():
+    probs = torch.tensor([[0.0, 0.5, 0.5, 0.0], [1.0, 0.0, 0.0, 0.0]]).expand(3, 2, 4)
+    first = sample(probs, torch.Generator().manual_seed(1))
+    assert first.shape == (3, 2) and first.dtype == torch.int64
+    assert torch.equal(first, sample(probs, torch.Generator().manual_seed(1)))
+    many = sample(
+        torch.tensor([0.0, 0.25, 0.75]).expand(20_000, 3), torch.Generator().manual_seed(2)
+    )
+    assert not bool((many == 0).any())
+    share = float((many == 2).double().mean())
+    assert abs(share - 0.75) < 0.02
+
+
+def test_normalize_uses_fallback_for_empty_rows():
+    weights = torch.tensor([[0.0, 0.0, 0.0], [1.0, 3.0, 0.0]])
+    fallback = torch.tensor([[0.2, 0.2, 0.6], [1.0, 0.0, 0.0]])
+    out = normalize(weights, fallback)
+    assert torch.allclose(out, torch.tensor([[0.2, 0.2, 0.6], [0.25, 0.75, 0.0]]))
