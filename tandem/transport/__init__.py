@@ -37,8 +37,16 @@ Usage (asyncio)::
     await server.close()
 
 Round-trip timing of a small message: `await channel.ping()` returns the measured RTT
-of one Ping/Pong (the peer's channel answers Pings itself, no handler involvement);
+of one Ping/Pong (the peer's channel answers Pings itself, no handler involvement, so a
+server whose handler only drains - `async for _ in channel: pass` - is enough);
 heartbeats use the same messages every `ping_interval` seconds and feed `channel.rtt`.
+A Ping frame is about 50 bytes on the wire (a Pong about 75). To time application
+messages instead, echo them in the handler and time `send` + `recv` on the client.
+
+Defaults: `TransportConfig()` has no secret (auth with an empty key: loopback tests
+only), an empty model fingerprint, Pings every 5 s and a 20 s dead-peer timeout.
+Errors: every exception is a `TransportError` (see errors.py for the tree); `recv()`
+raises `ChannelClosed` after the peer's Bye, `PeerDead`, or `ProtocolError`.
 
 Fast tests: `a, b = memory_pair()` (inside a running loop) gives two connected channels
 with no sockets and no handshake; `memory_pair(link=LinkConfig(delay_ms=50, ...))`
@@ -52,3 +60,74 @@ Sans-I/O use (h11 style)::
     parser.receive_data(data)           # any split; b"" means end of stream
     msg = parser.next_event()           # a Message, None (need more data) or CONNECTION_CLOSED
 """
+
+from tandem.transport.channel import (
+    ByteStream,
+    Channel,
+    FramedChannel,
+    MemoryStream,
+    RttEstimator,
+    TransportConfig,
+    memory_pair,
+    memory_stream_pair,
+)
+from tandem.transport.driver import Server, TcpStream, connect, open_session, serve
+from tandem.transport.emulator import EmulatedStream, LinkConfig, LinkModel
+from tandem.transport.errors import (
+    AuthenticationFailed,
+    ChannelClosed,
+    ConnectError,
+    FingerprintMismatch,
+    HandshakeError,
+    LimitExceeded,
+    PeerDead,
+    ProtocolError,
+    TransportError,
+    VersionMismatch,
+)
+from tandem.transport.handshake import (
+    PROTOCOL_VERSION,
+    ClientHandshake,
+    ServerHandshake,
+    SessionInfo,
+)
+from tandem.transport.messages import (
+    AuthResponse,
+    Bye,
+    Challenge,
+    DraftTokens,
+    Error,
+    Hello,
+    Interrupt,
+    Message,
+    Ping,
+    Pong,
+    Refuse,
+    SwitchAggregator,
+    TargetToken,
+    VerifyRequest,
+    VerifyResult,
+    Welcome,
+)
+from tandem.transport.tlsutil import TlsConfig, make_self_signed
+from tandem.transport.wire import (
+    CONNECTION_CLOSED,
+    WIRE_VERSION,
+    ConnectionClosed,
+    FrameParser,
+    Limits,
+    encode_message,
+)
+
+__all__ = [
+    "AuthResponse", "AuthenticationFailed", "Bye", "ByteStream", "CONNECTION_CLOSED",
+    "Challenge", "Channel", "ChannelClosed", "ClientHandshake", "ConnectError",
+    "ConnectionClosed", "DraftTokens", "EmulatedStream", "Error", "FingerprintMismatch",
+    "FrameParser", "FramedChannel", "HandshakeError", "Hello", "Interrupt", "LimitExceeded",
+    "Limits", "LinkConfig", "LinkModel", "MemoryStream", "Message", "PROTOCOL_VERSION",
+    "PeerDead", "Ping", "Pong", "ProtocolError", "Refuse", "RttEstimator", "Server",
+    "ServerHandshake", "SessionInfo", "SwitchAggregator", "TargetToken", "TcpStream",
+    "TlsConfig", "TransportConfig", "TransportError", "VerifyRequest", "VerifyResult",
+    "VersionMismatch", "WIRE_VERSION", "Welcome", "connect", "encode_message",
+    "make_self_signed", "memory_pair", "memory_stream_pair", "open_session", "serve",
+]  # fmt: skip

@@ -1,0 +1,398 @@
+"""Channels: messages over a byte stream, with heartbeats, RTT and byte counters.
+
+Owns the `Channel` protocol every collaboration algorithm talks to, the `ByteStream`
+protocol under it (TCP, in-memory, emulated link), `FramedChannel` (the one channel
+implementation: FrameParser + encode_message over a ByteStream), `TransportConfig`,
+and `memory_pair()`, the in-memory fake.
+
+A FramedChannel runs two tasks. The *reader* reads bytes, parses frames and dispatches:
+
+    received     action
+    Ping         answer Pong at once (the application never sees it)
+    Pong         one RTT sample -> `rtt`, wakes `ping()`
+    Bye          the channel closes; recv() raises ChannelClosed after queued messages
+    end / error  the channel fails; recv() raises ChannelClosed / ProtocolError
+    other        queued for recv()
+
+The *heartbeat* sends a Ping every `ping_interval` seconds and fails the channel with
+PeerDead when nothing at all was received for `dead_peer_timeout` seconds; it checks
+every min(ping_interval, dead_peer_timeout / 4) s, so a dead peer is detected at most
+that long after the timeout. Messages queued before a failure are still delivered.
+The receive queue is unbounded: the reader keeps draining the socket (so Pings are
+always answered) and an application that falls behind grows memory, not latency.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from tandem.transport.emulator import EmulatedStream, LinkConfig
+from tandem.transport.errors import ChannelClosed, PeerDead, ProtocolError, TransportError
+from tandem.transport.handshake import PROTOCOL_VERSION, SessionInfo
+from tandem.transport.messages import Bye, Error, Hello, Message, Ping, Pong
+from tandem.transport.tlsutil import TlsConfig
+from tandem.transport.wire import COMPRESSION_FLAGS, CONNECTION_CLOSED, FrameParser, Limits
+from tandem.transport.wire import encode_message as _encode
+
+COMPRESSIONS = ("lz4", "zstd")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TransportConfig:
+    """Everything one side needs to open sessions (keyword-only, immutable)."""
+
+    secret: bytes | None = None  # shared secret for HMAC auth; None = no auth (tests)
+    role: str = ""  # "device" / "cloud": named in logs and refusals
+    tokenizer_hash: str = ""  # model fingerprint, must equal the peer's
+    vocab_size: int = 0  # logit width, must equal the peer's
+    model_name: str = ""
+    capabilities: tuple[str, ...] = COMPRESSIONS
+    compression: str | None = None  # "lz4" / "zstd" for payloads, if the peer offers it
+    limits: Limits = field(default_factory=Limits)
+    ping_interval: float | None = 5.0  # seconds between heartbeat Pings; None: no Pings
+    dead_peer_timeout: float | None = 20.0  # silence that declares the peer dead; None: never
+    handshake_timeout: float = 10.0
+    connect_timeout: float = 10.0
+    tls: TlsConfig | None = None
+    link: LinkConfig | None = None  # emulate this link on our outgoing direction
+    session_id: str = ""  # client: propose a session id ("" = server assigns)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.secret, str):
+            object.__setattr__(self, "secret", self.secret.encode())
+        if self.compression not in COMPRESSION_FLAGS:
+            raise ValueError(f"compression must be None, 'lz4' or 'zstd', not {self.compression!r}")
+        for name in ("ping_interval", "dead_peer_timeout"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"{name} must be > 0 or None")
+        if self.ping_interval and self.dead_peer_timeout:
+            if self.ping_interval >= self.dead_peer_timeout:
+                raise ValueError("ping_interval must be shorter than dead_peer_timeout")
+
+    def hello(self) -> Hello:
+        """The Hello this side introduces itself with."""
+        return Hello(
+            protocol_version=PROTOCOL_VERSION,
+            session_id=self.session_id,
+            role=self.role,
+            tokenizer_hash=self.tokenizer_hash,
+            vocab_size=self.vocab_size,
+            model_name=self.model_name,
+            capabilities=self.capabilities,
+        )
+
+
+@runtime_checkable
+class ByteStream(Protocol):
+    """Ordered bytes in both directions (an asyncio StreamWriter/Reader pair, in short)."""
+
+    def write(self, data: bytes) -> None: ...  # buffered, never interleaves two writes
+    async def drain(self) -> None: ...  # wait until the write buffer has room
+    async def read(self) -> bytes: ...  # some bytes; b"" at end of stream
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class Channel(Protocol):
+    """Messages both ways, plus link measurements. What the protocols are written against."""
+
+    session: SessionInfo | None
+    bytes_sent: int
+    bytes_received: int
+
+    async def send(self, msg: Message) -> None: ...
+    async def recv(self) -> Message: ...  # raises ChannelClosed, PeerDead, ProtocolError
+    async def ping(self, timeout: float | None = None) -> float: ...  # one RTT, seconds
+    async def close(self, reason: str = "") -> None: ...
+
+    @property
+    def rtt(self) -> float | None: ...  # smoothed RTT in seconds, None before a sample
+
+
+class RttEstimator:
+    """Smoothed round-trip time as TCP keeps it (RFC 6298: srtt += (sample - srtt) / 8)."""
+
+    def __init__(self) -> None:
+        self.srtt: float | None = None
+        self.min_rtt: float | None = None
+        self.last: float | None = None
+        self.samples = 0
+
+    def add(self, sample: float) -> None:
+        self.last = sample
+        self.samples += 1
+        self.min_rtt = sample if self.min_rtt is None else min(self.min_rtt, sample)
+        self.srtt = sample if self.srtt is None else self.srtt + (sample - self.srtt) / 8
+
+
+class MemoryStream:
+    """One end of an in-memory byte pipe (see memory_stream_pair)."""
+
+    def __init__(self, inbox: asyncio.Queue[bytes], outbox: asyncio.Queue[bytes]) -> None:
+        self._inbox, self._outbox = inbox, outbox
+        self._closed = False
+        self._eof = False
+
+    def write(self, data: bytes) -> None:
+        if self._closed:
+            raise ConnectionResetError("write on a closed memory stream")
+        if data:
+            self._outbox.put_nowait(bytes(data))
+
+    async def drain(self) -> None:
+        if self._closed:
+            raise ConnectionResetError("memory stream closed")
+
+    async def read(self) -> bytes:
+        if self._eof:
+            return b""
+        data = await self._inbox.get()
+        self._eof = not data
+        return data
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._outbox.put_nowait(b"")  # the peer reads end of stream
+            self._inbox.put_nowait(b"")  # and so does our own reader
+
+
+def memory_stream_pair() -> tuple[MemoryStream, MemoryStream]:
+    """Two connected in-memory byte streams."""
+    a_to_b: asyncio.Queue[bytes] = asyncio.Queue()
+    b_to_a: asyncio.Queue[bytes] = asyncio.Queue()
+    return MemoryStream(b_to_a, a_to_b), MemoryStream(a_to_b, b_to_a)
+
+
+class _Closed:
+    """Queue marker: the channel has failed or closed; recv raises the stored error."""
+
+
+class FramedChannel:
+    """A Channel over a ByteStream. Call `start()` inside a running event loop."""
+
+    def __init__(
+        self,
+        stream: ByteStream,
+        *,
+        config: TransportConfig | None = None,
+        session: SessionInfo | None = None,
+        parser: FrameParser | None = None,
+    ) -> None:
+        self.config = config or TransportConfig()
+        self.session = session
+        self.bytes_sent = 0
+        self.bytes_received = 0
+        self.messages_sent = 0
+        self.messages_received = 0
+        self.rtt_estimator = RttEstimator()
+        self._stream = stream
+        self._parser = parser or FrameParser(limits=self.config.limits)
+        self._inbox: asyncio.Queue[Message | _Closed] = asyncio.Queue()
+        self._error: TransportError | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._pings: dict[int, tuple[int, asyncio.Future | None]] = {}  # seq -> sent_ns, waiter
+        self._ping_seq = 0
+        self._last_heard = 0.0
+        self._last_ping = 0.0
+        offered = session.capabilities if session else COMPRESSIONS
+        self._compression = self.config.compression if self.config.compression in offered else None
+
+    # ---- lifecycle --------------------------------------------------------------------
+
+    def start(self) -> FramedChannel:
+        loop = asyncio.get_running_loop()
+        self._last_heard = self._last_ping = loop.time()
+        self._tasks.append(loop.create_task(self._read_loop()))
+        if self.config.ping_interval or self.config.dead_peer_timeout:
+            self._tasks.append(loop.create_task(self._heartbeat()))
+        return self
+
+    @property
+    def closed(self) -> bool:
+        return self._error is not None
+
+    @property
+    def rtt(self) -> float | None:
+        return self.rtt_estimator.srtt
+
+    async def close(self, reason: str = "") -> None:
+        """Say Bye (best effort) and close; pending recv() calls raise ChannelClosed."""
+        if self._error is None:
+            self._fail(ChannelClosed("channel closed locally"), close_stream=False)
+            with contextlib.suppress(Exception):
+                self._write(Bye(reason=reason))
+                await asyncio.wait_for(self._stream.drain(), 1.0)
+            with contextlib.suppress(Exception):
+                self._stream.close()
+        current = asyncio.current_task()
+        others = [t for t in self._tasks if t is not current]
+        for task in others:
+            task.cancel()
+        await asyncio.gather(*others, return_exceptions=True)
+
+    def _fail(self, error: TransportError, *, close_stream: bool = True) -> None:
+        """Record the first error, wake recv() and ping() waiters, close the stream."""
+        if self._error is not None:
+            return
+        self._error = error
+        self._inbox.put_nowait(_Closed())
+        for _, waiter in self._pings.values():
+            if waiter is not None and not waiter.done():
+                waiter.set_exception(_copy(error))
+        self._pings.clear()
+        if close_stream:
+            with contextlib.suppress(Exception):
+                self._stream.close()
+        current = asyncio.current_task()
+        for task in self._tasks:
+            if task is not current:
+                task.cancel()
+
+    # ---- sending ----------------------------------------------------------------------
+
+    def _write(self, msg: Message) -> None:
+        frame = _encode(msg, compression=self._compression)
+        self._stream.write(frame)
+        self.bytes_sent += len(frame)
+        self.messages_sent += 1
+
+    async def send(self, msg: Message) -> None:
+        if self._error is not None:
+            raise _copy(self._error)
+        try:
+            self._write(msg)
+            await self._stream.drain()
+        except OSError as exc:
+            self._fail(ChannelClosed(f"connection lost: {exc}"))
+            raise _copy(self._error) from None
+
+    def _send_ping(self, waiter: asyncio.Future | None) -> None:
+        self._ping_seq += 1
+        sent_ns = time.monotonic_ns()
+        if len(self._pings) >= 64:  # unanswered heartbeats: forget the oldest
+            self._pings.pop(next(iter(self._pings)))
+        self._pings[self._ping_seq] = (sent_ns, waiter)
+        self._write(Ping(seq=self._ping_seq, sent_ns=sent_ns))
+
+    async def ping(self, timeout: float | None = None) -> float:
+        """Send one Ping and return the RTT (seconds) when its Pong comes back."""
+        if self._error is not None:
+            raise _copy(self._error)
+        waiter = asyncio.get_running_loop().create_future()
+        try:
+            self._send_ping(waiter)
+            await self._stream.drain()
+        except OSError as exc:
+            self._fail(ChannelClosed(f"connection lost: {exc}"))
+            raise _copy(self._error) from None
+        return await asyncio.wait_for(waiter, timeout)
+
+    # ---- receiving --------------------------------------------------------------------
+
+    async def recv(self) -> Message:
+        item = await self._inbox.get()
+        if isinstance(item, _Closed):
+            self._inbox.put_nowait(item)  # every later recv() fails too
+            raise _copy(self._error)
+        return item
+
+    def __aiter__(self) -> AsyncIterator[Message]:
+        return self
+
+    async def __anext__(self) -> Message:
+        try:
+            return await self.recv()
+        except ChannelClosed:
+            raise StopAsyncIteration from None
+
+    def _dispatch(self, msg: Message) -> None:
+        self.messages_received += 1
+        if isinstance(msg, Ping):
+            self._write(Pong(seq=msg.seq, ping_sent_ns=msg.sent_ns, sent_ns=time.monotonic_ns()))
+        elif isinstance(msg, Pong):
+            sent_ns, waiter = self._pings.pop(msg.seq, (None, None))
+            if sent_ns is None:
+                return  # not ours, or forgotten: no sample
+            rtt = (time.monotonic_ns() - sent_ns) / 1e9
+            self.rtt_estimator.add(rtt)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(rtt)
+        elif isinstance(msg, Bye):
+            self._fail(ChannelClosed(f"peer said bye{': ' + msg.reason if msg.reason else ''}"))
+        else:
+            self._inbox.put_nowait(msg)
+
+    async def _read_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while self._error is None:
+                event = self._parser.next_event()
+                if event is None:
+                    data = await self._stream.read()
+                    self._last_heard = loop.time()
+                    self.bytes_received += len(data)
+                    self._parser.receive_data(data)
+                elif event is CONNECTION_CLOSED:
+                    self._fail(ChannelClosed("peer closed the connection"))
+                else:
+                    self._dispatch(event)
+        except ProtocolError as exc:
+            with contextlib.suppress(Exception):
+                self._write(Error(code="protocol", message=str(exc)))
+            self._fail(exc)
+        except TransportError as exc:
+            self._fail(exc)
+        except OSError as exc:
+            self._fail(ChannelClosed(f"connection lost: {exc}"))
+
+    async def _heartbeat(self) -> None:
+        loop = asyncio.get_running_loop()
+        interval, timeout = self.config.ping_interval, self.config.dead_peer_timeout
+        tick = min(x for x in (interval, timeout / 4 if timeout else None) if x)
+        while self._error is None:
+            await asyncio.sleep(tick)
+            now = loop.time()
+            silent = now - self._last_heard
+            if timeout and silent > timeout:
+                self._fail(
+                    PeerDead(f"peer silent for {silent:.2f} s (dead_peer_timeout={timeout} s)")
+                )
+                return
+            if interval and now - self._last_ping >= interval:
+                self._last_ping = now
+                try:
+                    self._send_ping(None)
+                except OSError as exc:
+                    self._fail(ChannelClosed(f"connection lost: {exc}"))
+
+
+def _copy(error: TransportError | None) -> TransportError:
+    """A fresh exception of the same class and text (an instance is raised only once)."""
+    if error is None:
+        return ChannelClosed("channel closed")
+    return type(error)(*error.args)
+
+
+def memory_pair(
+    *,
+    config: TransportConfig | None = None,
+    link: LinkConfig | None = None,
+    downlink: LinkConfig | None = None,
+) -> tuple[FramedChannel, FramedChannel]:
+    """Two started channels joined in memory (no sockets, no handshake). Call it inside a
+    running loop. `link` emulates a -> b (and b -> a too unless `downlink` is given)."""
+    a_stream, b_stream = memory_stream_pair()
+    uplink, downlink = link, downlink or link
+    a: ByteStream = EmulatedStream(a_stream, uplink) if uplink else a_stream
+    b: ByteStream = EmulatedStream(b_stream, downlink) if downlink else b_stream
+    return (
+        FramedChannel(a, config=config).start(),
+        FramedChannel(b, config=config).start(),
+    )

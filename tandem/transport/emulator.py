@@ -1,0 +1,143 @@
+"""An in-process link emulator: one-way delay, jitter, bandwidth and loss on a byte stream.
+
+It owns `LinkConfig` (the knobs, named after netem's) and `EmulatedStream`, which wraps
+the write side of any byte stream (memory or TCP) so that every write reaches the inner
+stream at the time the emulated link would deliver it. Fast tests use it instead of
+network namespaces; the delay proxy (proxy.py) applies the same model between processes.
+
+Model, per write of n bytes (a frame), with `now` the event-loop clock::
+
+    depart  = max(now, link_free) + n * 8 / rate        serialization (rate limit, FIFO)
+    link_free = depart
+    delay   = delay_ms + U(-jitter_ms, +jitter_ms), floored at 0
+            + loss_rto_ms  if any of ceil(n / mss) segments is "lost" (prob. 1-(1-loss)^k)
+    arrive  = max(depart + delay, last_arrive)           never reorders bytes (TCP)
+    last_arrive = arrive
+
+Loss: TCP never loses bytes, it retransmits them; so a loss is modelled as the extra
+delay of one retransmission timeout (`loss_rto_ms`, default 200 ms = Linux TCP_RTO_MIN)
+on the whole write, and later writes queue behind it (head-of-line blocking). Jitter is
+uniform like netem's default, but clipped so that bytes stay in order (netem without
+rate control would reorder packets; TCP would then reassemble them in order anyway).
+The queue of pending writes is unbounded (the emulated socket buffer never fills).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tandem.transport.channel import ByteStream
+
+
+@dataclass(frozen=True, kw_only=True)
+class LinkConfig:
+    """One direction of an emulated link (same knobs as `tc qdisc ... netem` + `tbf`)."""
+
+    delay_ms: float = 0.0  # one-way propagation delay
+    jitter_ms: float = 0.0  # uniform +- jitter added to each write's delay (order kept)
+    rate_mbit: float | None = None  # bandwidth in megabit/s; None = unlimited
+    loss: float = 0.0  # segment loss probability, shown as retransmission delay
+    loss_rto_ms: float = 200.0  # delay one loss adds (a TCP retransmission timeout)
+    mss: int = 1448  # bytes per segment for the loss model
+    seed: int = 0  # jitter and loss draws are reproducible
+
+    def __post_init__(self) -> None:
+        if self.delay_ms < 0 or self.jitter_ms < 0 or self.loss_rto_ms < 0:
+            raise ValueError("delay_ms, jitter_ms and loss_rto_ms must be >= 0")
+        if self.rate_mbit is not None and self.rate_mbit <= 0:
+            raise ValueError("rate_mbit must be > 0 (or None for unlimited)")
+        if not 0.0 <= self.loss < 1.0:
+            raise ValueError("loss must be in [0, 1)")
+        if self.mss <= 0:
+            raise ValueError("mss must be > 0")
+
+
+class LinkModel:
+    """The delivery-time arithmetic of the module docstring, free of any I/O."""
+
+    def __init__(self, link: LinkConfig) -> None:
+        self.link = link
+        self._rng = random.Random(link.seed)
+        self._link_free = -math.inf
+        self._last_arrive = -math.inf
+
+    def arrival(self, now: float, size: int) -> float:
+        """When a write of `size` bytes made at `now` (seconds) is delivered."""
+        link = self.link
+        serialization = 0.0 if link.rate_mbit is None else size * 8 / (link.rate_mbit * 1e6)
+        depart = max(now, self._link_free) + serialization
+        self._link_free = depart
+        delay_ms = link.delay_ms
+        if link.jitter_ms:
+            delay_ms += self._rng.uniform(-link.jitter_ms, link.jitter_ms)
+        delay_ms = max(0.0, delay_ms)
+        if link.loss:
+            segments = max(1, math.ceil(size / link.mss))
+            if self._rng.random() < 1.0 - (1.0 - link.loss) ** segments:
+                delay_ms += link.loss_rto_ms
+        arrive = max(depart + delay_ms / 1000.0, self._last_arrive)
+        self._last_arrive = arrive
+        return arrive
+
+
+class EmulatedStream:
+    """A byte stream whose writes travel through an emulated link (reads pass through)."""
+
+    def __init__(self, inner: ByteStream, link: LinkConfig) -> None:
+        self.inner = inner
+        self.model = LinkModel(link)
+        self._queue: asyncio.Queue[tuple[float, bytes | None]] = asyncio.Queue()
+        self._pump: asyncio.Task | None = None
+        self._closed = False
+
+    def write(self, data: bytes) -> None:
+        if self._closed:
+            raise ConnectionResetError("write on a closed emulated stream")
+        loop = asyncio.get_running_loop()
+        self._queue.put_nowait((self.model.arrival(loop.time(), len(data)), bytes(data)))
+        if self._pump is None:
+            self._pump = loop.create_task(self._deliver())
+
+    async def drain(self) -> None:
+        """Returns at once: the emulated socket buffer never fills."""
+
+    async def read(self) -> bytes:
+        return await self.inner.read()
+
+    def close(self) -> None:
+        """Close after the writes already queued have been delivered."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._pump is None or self._pump.done():
+            self.inner.close()
+        else:
+            self._queue.put_nowait((0.0, None))
+
+    def abort(self) -> None:
+        """Close now, dropping what is still in flight."""
+        self._closed = True
+        if self._pump is not None:
+            self._pump.cancel()
+        self.inner.close()
+
+    async def _deliver(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            arrive, data = await self._queue.get()
+            if data is None:
+                self.inner.close()
+                return
+            wait = arrive - loop.time()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            try:
+                self.inner.write(data)
+                await self.inner.drain()
+            except (OSError, RuntimeError):
+                return
