@@ -11,7 +11,7 @@ import sys
 
 import typer
 
-from tandem.cli import bench, generate, index, models, net
+from tandem.cli import bench, cloud, demo, device, generate, index, models, net, rapid
 from tandem.errors import TandemError
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__.splitlines()[0])
@@ -19,7 +19,11 @@ app.add_typer(models.app, name="models", help="List and prepare the named models
 app.add_typer(bench.app, name="bench", help="Benchmarks; results go to bench/results/.")
 app.add_typer(net.app, name="net", help="Emulated network between a device and a cloud.")
 app.add_typer(index.app, name="index", help="Build and query retrieval indexes.")
+app.add_typer(cloud.app, name="cloud", help="The cloud side: serve device sessions.")
+app.add_typer(device.app, name="device", help="The device side: run a generation.")
+app.add_typer(rapid.app, name="rapid", help="RAPID: RAG drafter, long-context target.")
 app.command("generate")(generate.generate)
+app.command("demo")(demo.demo)
 
 
 def main() -> None:

@@ -30,16 +30,124 @@ def decode(
 
 
 @app.command("codecs")
-def codecs(out: Path = OUT) -> None:
+def codecs(
+    quick: bool = typer.Option(False, "--quick", help="48 tokens instead of --tokens."),
+    tokens: int = typer.Option(300, "--tokens", help="Next-token distributions to code."),
+    temperature: float = typer.Option(1.0, help="Softmax temperature of the distributions."),
+    module: str = typer.Option("textwrap", help="Stdlib module whose source is scored."),
+    model: str = typer.Option("qwen2.5-coder-0.5b", help="Model producing the distributions."),
+    out: Path = OUT,
+) -> None:
     """Bytes per token, coding time and TV error of each distribution codec on real Qwen outputs."""
     from tandem.bench.codecs import run
 
-    run(out=out)
+    run(
+        out=out,
+        quick=quick,
+        model=model,
+        module=module,
+        num_tokens=tokens,
+        temperature=temperature,
+    )
 
 
 @app.command("link")
-def link(out: Path = OUT) -> None:
+def link(
+    quick: bool = typer.Option(False, "--quick", help="Fewer samples and shorter transfers."),
+    path: str = typer.Option(
+        "auto", "--path", help="auto (namespaces when root), netns, or loopback."
+    ),
+    out: Path = OUT,
+) -> None:
     """Round-trip latency vs a raw-socket floor, and delivered vs configured delay and rate."""
     from tandem.bench.link import run
 
-    run(out=out)
+    run(out=out, quick=quick, path=path)
+
+
+@app.command("retrieval")
+def retrieval(
+    quick: bool = typer.Option(False, "--quick", help="Smaller corpus and sets."),
+    threads: int = typer.Option(1, help="torch threads for the measurements."),
+    out: Path = OUT,
+) -> None:
+    """Index build time/size, query latency, HNSW recall@10, scorer cost, KV load vs prefill."""
+    from tandem.bench.retrieval import run
+
+    run(out=out, quick=quick, threads=threads)
+
+
+@app.command("rapid")
+def rapid(
+    quick: bool = typer.Option(False, "--quick", help="One 1K context, 3 tasks, short sweep."),
+    contexts: list[int] = typer.Option(
+        [], "--context", help="Context lengths in tokens (default 1024 2048 4096; quick 1024)."
+    ),
+    tasks_per_kind: int = typer.Option(0, "--tasks", help="Tasks per kind (0: 2, quick 1)."),
+    eta: float = typer.Option(10.0, "--eta", help="eta of the main comparison."),
+    gamma: int = typer.Option(5, "--gamma", min=1),
+    temperature: float = typer.Option(0.1, "--temperature", min=0.0),
+    max_new_tokens: int = typer.Option(0, "--max-new-tokens", help="0: 64 (quick 32)."),
+    sweep_context: int = typer.Option(0, "--sweep-context", help="0: the first context."),
+    sweep_tasks: int = typer.Option(-1, "--sweep-tasks", help="-1: 3 (quick 1); 0: no sweep."),
+    upward: str = typer.Option("", "--upward", help="Larger drafter model (upward speculation)."),
+    threads: int = typer.Option(1, "--threads", min=1, help="torch threads."),
+    out: Path = OUT,
+) -> None:
+    """RAPID vs LC, RAG, SD and a StreamingLLM drafter: quality, speedup, acceptance, eta sweep."""
+    from tandem.bench.rapid import run
+
+    run(
+        out=out,
+        quick=quick,
+        contexts=contexts or None,
+        tasks_per_kind=tasks_per_kind or None,
+        eta=eta,
+        gamma=gamma,
+        temperature=temperature,
+        max_new_tokens=max_new_tokens or None,
+        sweep_context=sweep_context or None,
+        sweep_tasks=None if sweep_tasks < 0 else sweep_tasks,
+        upward=upward or None,
+        threads=threads,
+    )
+
+
+@app.command("spec")
+def spec(
+    quick: bool = typer.Option(False, "--quick", help="One prompt, 16 tokens."),
+    regime: list[str] = typer.Option(
+        ["emulated", "emulated-high", "fast-cloud", "cpu"],
+        "--regime",
+        help="emulated[-high] (paper timings), fast-cloud (0.5B-int8 -> 0.5B), cpu (0.5B -> 1.5B).",
+    ),
+    rtt: list[float] = typer.Option([0, 50, 100, 200], "--rtt", help="Round-trip times (ms)."),
+    method: list[str] = typer.Option(None, "--method", help="Subset of methods (default all)."),
+    prompts: int = typer.Option(None, "--prompts", help="Number of prompts (default 1 quick / 4)."),
+    max_new_tokens: int = typer.Option(None, "--max-new-tokens", "-n"),
+    draft_len: int = typer.Option(4, "--draft-len"),
+    rate: float = typer.Option(100.0, "--rate", help="Emulated link rate (Mbit/s), each way."),
+    no_sqs: bool = typer.Option(False, "--no-sqs", help="Skip the SQS sweep."),
+    out: Path = OUT,
+) -> None:
+    """PicoSpec Tables 1/2/4, SQS-SD Fig. 2 and PicoSpec Eq. 9 on the emulated link."""
+    from tandem.bench.spec import METHODS, REGIMES, run
+    from tandem.errors import TandemError
+
+    unknown = [r for r in regime if r not in REGIMES] + [
+        m for m in method or [] if m not in METHODS
+    ]
+    if unknown:
+        raise TandemError(f"unknown regime or method: {', '.join(unknown)}")
+    run(
+        out=out,
+        quick=quick,
+        regimes=tuple(regime),
+        rtts=tuple(rtt),
+        methods=tuple(method) if method else tuple(METHODS),
+        num_prompts=prompts,
+        max_new_tokens=max_new_tokens,
+        draft_len=draft_len,
+        rate_mbit=rate,
+        sqs=not no_sqs,
+    )

@@ -1,0 +1,141 @@
+"""The baselines RAPID is compared with (paper Sec. 3.2), on the same prompts and seeds.
+
+- *LC*: the target decodes alone on the long context C.
+- *RAG*: the target decodes alone on the retrieval context C^S (the drafter's prompt).
+- *SD*: naive speculative decoding: the same RAG drafter, verified against the target's own
+  law p (no knowledge transfer).
+- *StreamingLLM drafter* (MagicDec): the drafter reads the whole long prompt, then keeps only
+  `sink` first positions and the `window` most recent ones of its KV cache (paper: 4 sink
+  tokens, a 4096-token cache); verification as in SD.
+
+StreamingLLM cache: the kept recent keys are rotated back by the number of dropped positions
+(RoPE rotations compose, R(a) R(b) = R(a + b)), so the cache holds positions 0..sink+window-1
+and new tokens continue contiguously, as in StreamingLLM's position re-assignment. The cache
+is compressed again before a round once it outgrows sink + window + `slack` positions.
+This needs the transformers backend (a Qwen2-style rotary embedding and a DynamicCache).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tandem.errors import TandemError
+from tandem.models.base import CausalLM, State
+from tandem.protocols.rapid.config import RapidConfig
+from tandem.protocols.rapid.drafter import ModelDrafter
+from tandem.protocols.rapid.engine import (
+    RapidResult,
+    autoregressive,
+    check_pair,
+    eos_id,
+    rapid,
+    speculative_generate,
+)
+from tandem.protocols.rapid.states import Prefilled
+from tandem.protocols.rapid.target import PlainRule, TargetVerifier
+
+
+def lc(target: Prefilled, config: RapidConfig) -> RapidResult:
+    """LC: the target alone on its long-context prompt (RAG: the same on a C^S prompt)."""
+    result = autoregressive(
+        target.lm,
+        target.fresh(),
+        temperature=config.temperature,
+        max_new_tokens=config.max_new_tokens,
+        seed=config.seed,
+        eos=eos_id(target.lm, config),
+    )
+    result.prefill_s = target.prefill_s
+    return result
+
+
+rag = lc  # RAG is LC run on the retrieval-context prompt: rag(Prefilled(target_lm, C^S prompt))
+
+
+def sd(target: Prefilled, drafter: Prefilled, config: RapidConfig) -> RapidResult:
+    """Naive SD: the RAG drafter, verified against the target's own law p."""
+    return rapid(target, drafter, config, plain=True)
+
+
+# -- StreamingLLM-style drafter --------------------------------------------------------------
+
+
+def rotate_keys(lm: CausalLM, keys: torch.Tensor, delta: int) -> torch.Tensor:
+    """Keys [batch, heads, seq, head_dim] that were rotated for position p -> for p + delta."""
+    from transformers.models.qwen2.modeling_qwen2 import rotate_half
+
+    rotary = getattr(getattr(getattr(lm, "model", None), "model", None), "rotary_emb", None)
+    if rotary is None or float(getattr(rotary, "attention_scaling", 1.0)) != 1.0:
+        raise TandemError(
+            f"the StreamingLLM drafter needs a plain-RoPE transformers model ({lm.name})"
+        )
+    positions = torch.full((1, keys.shape[-2]), delta, dtype=torch.long)
+    cos, sin = rotary(keys, positions)  # [1, seq, head_dim] each
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    return keys * cos + rotate_half(keys) * sin
+
+
+def compress_cache(lm: CausalLM, state: State, *, sink: int, window: int) -> int:
+    """Keep the first `sink` and last `window` positions of a one-row state, in place.
+
+    Returns the number of positions dropped (0 if the state already fits).
+    """
+    if state.batch != 1 or state.pads[0] != 0:
+        raise TandemError("the StreamingLLM drafter works on one unpadded row")
+    dropped = state.seq_len - sink - window
+    if dropped <= 0:
+        return 0
+    with torch.inference_mode():
+        for layer in state.cache.layers:
+            keys, values = layer.keys, layer.values  # [1, kv_heads, seq, head_dim]
+            recent = rotate_keys(lm, keys[..., sink + dropped :, :], -dropped)
+            layer.keys = torch.cat([keys[..., :sink, :], recent], dim=-2)
+            layer.values = torch.cat(
+                [values[..., :sink, :], values[..., sink + dropped :, :]], dim=-2
+            )
+    state.ids = torch.cat([state.ids[:, :sink], state.ids[:, sink + dropped :]], dim=1)
+    state.recent_logits = None
+    return dropped
+
+
+class StreamingDrafter(ModelDrafter):
+    """A drafter whose KV cache keeps `sink` + `window` positions (StreamingLLM / MagicDec)."""
+
+    def __init__(
+        self, lm: CausalLM, state: State, *, sink: int, window: int, slack: int = 64, **kw
+    ):
+        super().__init__(lm, state, **kw)
+        self.sink, self.window, self.slack = sink, window, slack
+        self.dropped = compress_cache(lm, state, sink=sink, window=window)
+
+    def before_round(self) -> None:
+        if self.state.seq_len > self.sink + self.window + self.slack:
+            self.dropped += compress_cache(self.lm, self.state, sink=self.sink, window=self.window)
+
+
+def streaming_sd(
+    target: Prefilled,
+    drafter_lm: CausalLM,
+    drafter_state: State,
+    config: RapidConfig,
+    *,
+    sink: int = 4,
+    window: int = 1024,
+) -> RapidResult:
+    """MagicDec-style SD: a StreamingLLM drafter holding the long prompt (`drafter_state`, a
+    state of its own that gets compressed), verified against the target's own law."""
+    check_pair(target.lm, drafter_lm)
+    drafter = StreamingDrafter(
+        drafter_lm, drafter_state, sink=sink, window=window, temperature=config.temperature
+    )
+    result = speculative_generate(
+        TargetVerifier(target.lm, target.fresh(), PlainRule(temperature=config.temperature)),
+        drafter,
+        gamma=config.gamma,
+        max_new_tokens=config.max_new_tokens,
+        seed=config.seed,
+        eos=eos_id(target.lm, config),
+    )
+    result.prefill_s = target.prefill_s
+    result.extra.update(dropped=drafter.dropped, sink=sink, window=window)
+    return result

@@ -1,0 +1,151 @@
+"""Baselines for edge-cloud speculative decoding (PicoSpec Table 1, SQS-SD's references).
+
+- cloud autoregressive ("ar"): the device sends the prompt, the cloud generates every token
+  with the target model and streams each one back as a TargetToken (TTFT pays one RTT, the
+  rest is the cloud's decode speed).
+- device only ("local"): the draft model alone, no network (`tandem.protocols.local`).
+- stop-and-wait SD: `tandem.protocols.spec` with pipeline "sync" (`run_stop_and_wait`).
+
+Every one returns a `SpecReport`, so benchmarks tabulate them side by side. Sampling uses
+the same position generators as the speculative modes (purpose "verify"), so the cloud's
+autoregressive output is the same draw whichever side asks for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+from tandem.codecs import sample_token
+from tandem.errors import TandemError
+from tandem.models.base import CausalLM
+from tandem.protocols.spec import wire
+from tandem.protocols.spec.cloud import parse_start
+from tandem.protocols.spec.config import SpecConfig, position_generator
+from tandem.protocols.spec.context import LMContext
+from tandem.protocols.spec.device import OnToken, run_device
+from tandem.protocols.spec.stats import SpecReport
+from tandem.sampling.warp import warp
+from tandem.transport import ChannelClosed, Error, TargetToken, TransportError
+
+
+def _next_token(ctx: LMContext, config: SpecConfig, position: int) -> int:
+    probs = warp(ctx.logits()[0], **config.sampling())
+    token = sample_token(probs, position_generator(config.seed, "verify", position))
+    ctx.append([token])
+    return token
+
+
+async def serve_cloud_ar(channel, lm: CausalLM, *, first=None) -> dict | None:
+    """Cloud side of the autoregressive baseline: generate and stream every token."""
+    try:
+        msg = first if first is not None else await channel.recv()
+        config, prompt, mode = parse_start(msg)
+        if mode != "ar":
+            raise ValueError(f"mode {mode!r} is not the autoregressive baseline")
+    except ChannelClosed:
+        return None
+    except (ValueError, TypeError, TandemError) as exc:
+        with contextlib.suppress(TransportError):
+            await channel.send(wire.error_message(f"bad start message: {exc}"))
+        return None
+    eos = lm.tokenizer.eos_token_id if config.stop_at_eos else None
+    ctx = LMContext(lm, prompt)
+    start = time.perf_counter()
+    await asyncio.to_thread(ctx.prefill)
+    stats = {"model": getattr(lm, "name", ""), "prefill_s": time.perf_counter() - start}
+    decode_start = time.perf_counter()
+    for position in range(config.max_new_tokens):
+        token = await asyncio.to_thread(_next_token, ctx, config, position)
+        await channel.send(TargetToken(seq=position, position=position, token=token))
+        if token == eos:
+            break
+    stats["decode_s"] = time.perf_counter() - decode_start
+    stats["tokens"] = len(ctx.output)
+    with contextlib.suppress(ChannelClosed, TransportError):
+        while wire.control_kind(await channel.recv()) != wire.END:
+            pass
+        await channel.send(wire.control_message(wire.STATS, stats))
+    return stats
+
+
+async def run_cloud_ar(
+    channel,
+    tokenizer,
+    prompt_ids: list[int],
+    config: SpecConfig,
+    *,
+    on_token: OnToken | None = None,
+    close: bool = True,
+) -> SpecReport:
+    """Device side of the autoregressive baseline: send the prompt, collect the stream."""
+    report = SpecReport(
+        mode="ar", config=config.to_json(), tokens=[], text="", total_s=0.0, token_times=[]
+    )
+    eos = tokenizer.eos_token_id if config.stop_at_eos else None
+    up0, down0 = channel.bytes_sent, channel.bytes_received
+    start = time.perf_counter()
+    try:
+        body = {"mode": "ar", "config": config.to_json()}
+        await channel.send(wire.control_message(wire.START, body, tuple(prompt_ids)))
+        while len(report.tokens) < config.max_new_tokens and eos not in report.tokens:
+            msg = await channel.recv()
+            if isinstance(msg, Error):
+                raise TandemError(f"cloud error: {msg.message}")
+            if isinstance(msg, TargetToken):
+                report.tokens.append(msg.token)
+                report.token_times.append(time.perf_counter() - start)
+                if on_token is not None:
+                    on_token(msg.token)
+        report.total_s = time.perf_counter() - start
+        await channel.send(wire.control_message(wire.END, {}, tuple(report.tokens)))
+        with contextlib.suppress(asyncio.TimeoutError):
+            while True:
+                msg = await asyncio.wait_for(channel.recv(), 10.0)
+                if wire.control_kind(msg) == wire.STATS:
+                    report.cloud = wire.control_body(msg)
+                    break
+    except (ChannelClosed, TransportError) as exc:
+        raise TandemError(f"connection to the cloud lost: {exc}") from None
+    finally:
+        report.uplink_bytes = channel.bytes_sent - up0
+        report.downlink_bytes = channel.bytes_received - down0
+        if close:
+            with contextlib.suppress(TransportError):
+                await channel.close("ar done")
+    report.text = tokenizer.decode(report.tokens)
+    return report
+
+
+def run_device_only(
+    lm: CausalLM, prompt_ids: list[int], config: SpecConfig, *, on_token: OnToken | None = None
+) -> SpecReport:
+    """The draft model alone on the device (no network)."""
+    report = SpecReport(
+        mode="local", config=config.to_json(), tokens=[], text="", total_s=0.0, token_times=[]
+    )
+    eos = lm.tokenizer.eos_token_id if config.stop_at_eos else None
+    ctx = LMContext(lm, prompt_ids)
+    start = time.perf_counter()
+    ctx.prefill()
+    report.device_prefill_s = time.perf_counter() - start
+    for position in range(config.max_new_tokens):
+        token = _next_token(ctx, config, position)
+        report.tokens.append(token)
+        report.token_times.append(time.perf_counter() - start)
+        if on_token is not None:
+            on_token(token)
+        if token == eos:
+            break
+    report.total_s = time.perf_counter() - start
+    report.text = lm.tokenizer.decode(report.tokens)
+    return report
+
+
+async def run_stop_and_wait(
+    channel, lm: CausalLM, prompt_ids: list[int], config: SpecConfig, **kwargs
+) -> SpecReport:
+    """Vanilla edge-cloud SD: the sync pipeline (draft, send, wait)."""
+    sync = SpecConfig(**{**config.to_json(), "pipeline": "sync"})
+    return await run_device(channel, lm, prompt_ids, sync, **kwargs)

@@ -1,0 +1,183 @@
+"""`tandem demo`: DRAGON on loopback, a cloud and a device process, streaming an answer.
+
+The cloud retrieves from the Python standard library's docstrings, the device from a private
+folder of notes; the answer needs both. Afterwards: per-token latency, acceptance rates,
+aggregator switches and bytes on the wire.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import typer
+
+
+def demo(
+    question: str = typer.Option(
+        None, "--question", "-q", help="What to ask (default: a question needing both corpora)."
+    ),
+    max_new_tokens: int = typer.Option(64, "--max-new-tokens", "-n", min=1),
+    strategy: str = typer.Option(
+        "dragon", help="Aggregator placement: dragon, device, cloud or random."
+    ),
+    temperature: float = typer.Option(0.0, "--temperature", "-t", min=0.0, help="0 = greedy."),
+    seed: int = typer.Option(0),
+    docs: int = typer.Option(2, help="Documents each side retrieves from its own corpus."),
+    model: str = typer.Option("qwen2.5-coder-0.5b", "--model", "-m", help="Model on both sides."),
+    private: Path = typer.Option(
+        None, help="Private corpus folder (default: examples/private-notes)."
+    ),
+    delay_ms: float = typer.Option(0.0, help="Emulated one-way delay each way (jitter 1/5 of it)."),
+    kill_cloud_after: int = typer.Option(
+        0, help="Kill the cloud process after N tokens (fault demo)."
+    ),
+    threads: int = typer.Option(0, help="Torch threads per process (0: half the cores)."),
+    json_out: Path = typer.Option(None, "--json", help="Also write the measurements here."),
+) -> None:
+    """Run DRAGON with the real model on both sides of a loopback link and explain what happened."""
+    from rich.console import Console
+
+    from tandem.protocols.dragon import DragonConfig
+    from tandem.serve.dragon_demo import DEFAULT_QUESTION, run_demo
+
+    console = Console(stderr=True)
+    config = DragonConfig(
+        max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
+        docs_per_side=docs, strategy=strategy,
+    )  # fmt: skip
+    question = question or DEFAULT_QUESTION
+    console.print(f"[bold]question[/bold]: {question}")
+
+    def show(_token: int, piece: str) -> None:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+
+    report = run_demo(
+        question=question,
+        config=config,
+        model=model,
+        private_corpus=private,
+        delay_ms=delay_ms,
+        kill_cloud_after=kill_cloud_after,
+        threads=threads,
+        on_token=show,
+        on_status=lambda text: console.print(f"[dim]{text}[/dim]"),
+    )
+    print()
+    print_report(report, Console())
+    if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(report.summary(), indent=2) + "\n")
+
+
+def print_report(report, console) -> None:
+    from rich.table import Table
+
+    def ms(value) -> str:
+        return "-" if value is None else f"{value * 1000:.0f} ms"
+
+    gaps = sorted(report.per_token_s)
+    table = Table(title="DRAGON session (device view)", show_header=False)
+    table.add_row("new tokens", f"{len(report.tokens)} ({report.finish_reason})")
+    table.add_row("time to first token", ms(report.ttft_s))
+    if gaps:
+        p50, p90 = gaps[len(gaps) // 2], gaps[min(len(gaps) - 1, int(0.9 * len(gaps)))]
+        table.add_row(
+            "per-token latency", f"mean {ms(report.mean_per_token_s)}, p50 {ms(p50)}, p90 {ms(p90)}"
+        )
+    table.add_row(
+        "aggregations",
+        f"{report.aggregations} (device {report.aggregated_by('device')}, cloud {report.aggregated_by('cloud')})",
+    )
+    for side in ("device", "cloud"):
+        rate = report.acceptance_rate(side)
+        table.add_row(
+            f"{side} drafts accepted",
+            "-" if rate is None else f"{report.accepted(side)} ({rate:.0%})",
+        )
+    switches = ", ".join(f"@{pos}->{side}" for pos, side in report.switches) or "none"
+    table.add_row("aggregator switches", f"{len(report.switches)}: {switches}")
+    table.add_row(
+        "rollbacks / cancelled decodes", f"{report.rollbacks} / {report.decodes_cancelled}"
+    )
+    table.add_row("bytes sent / received", f"{report.bytes_sent:,} / {report.bytes_received:,}")
+    if report.tokens:
+        per_token = (report.bytes_sent - report.probe_bytes) / len(report.tokens)
+        table.add_row(
+            "bytes sent per token",
+            f"{per_token:.0f} (plus a {report.probe_bytes:,}-byte bandwidth probe)",
+        )
+    table.add_row("rtt (in-band)", ms(report.rtt_s))
+    docs = ", ".join(doc for doc, _ in report.docs) or "none"
+    table.add_row("documents", f"device: {docs}; cloud: {report.peer_docs} (stay in the cloud)")
+    table.add_row("prefill (device / cloud)", f"{ms(report.ready_s)} / {ms(report.peer_ready_s)}")
+    if report.degraded:
+        table.add_row(
+            "[yellow]degraded[/yellow]",
+            f"at token {report.degraded_at}: {report.degraded_reason}; finished with the device's own law",
+        )
+    console.print(table)
+
+
+def run_dragon_device(
+    *,
+    corpus: str | None,
+    model: str,
+    host: str,
+    port: int,
+    secret: str | None,
+    delay: float,
+    question: str,
+    strategy: str,
+    docs: int,
+    max_new_tokens: int,
+    temperature: float,
+    seed: int,
+    threads: int,
+    json_out: Path | None,
+) -> None:
+    """`tandem device run --mode dragon`: the device side against a running DRAGON cloud."""
+    import asyncio
+
+    from rich.console import Console
+
+    from tandem.errors import TandemError
+    from tandem.protocols.dragon import DragonConfig
+    from tandem.serve.dragon_session import (
+        emulated_link,
+        load_side,
+        run_device_session,
+        set_threads,
+    )
+
+    if not corpus:
+        raise TandemError("--mode dragon needs --corpus (the device's private corpus)")
+    config = DragonConfig(
+        max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
+        docs_per_side=docs, strategy=strategy,
+    )  # fmt: skip
+    set_threads(threads)
+    setup = load_side(corpus=corpus, model=model, docs=docs)
+
+    def show(_token: int, piece: str) -> None:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+
+    report = asyncio.run(
+        run_device_session(
+            setup,
+            host,
+            port,
+            question=question,
+            config=config,
+            on_token=show,
+            link=emulated_link(delay),
+            secret=secret.encode() if secret else None,
+        )
+    )
+    print()
+    print_report(report, Console(stderr=True))
+    if json_out is not None:
+        json_out.write_text(json.dumps(report.summary(), indent=2) + "\n")

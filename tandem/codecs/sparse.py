@@ -1,0 +1,169 @@
+"""Sparse codecs: the most probable tokens, their ids and float16 probabilities.
+
+Words used here:
+- *kept*: the K token ids sent, in decreasing probability; *dropped mass*: 1 - their mass.
+- `TopKCodec` ("top-k"): the k most probable tokens with non-zero probability.
+- `TopPCodec` ("top-p", DRAGON section 7.1, p = 0.8): the smallest set of most probable
+  tokens whose mass is >= p.
+
+Wire format (both): with w = ceil(log2 V) bits,
+    [K - 1 : w bits][id_1 : w bits] ... [id_K : w bits][zero pad to a byte]
+    [value_1 : float16 LE] ... [value_K : float16 LE]
+so bits = w (K + 1) + 16 K and bytes = ceil(w (K + 1) / 8) + 2 K. Fixed-width ids work for
+any vocabulary (18 bits for Qwen's 151,936; DRAGON's code stores int16 offsets that wrap
+above ~62k, DESIGN errata 2). The receiver renormalizes the values exactly.
+
+Error bound: TV(probs, sent) <= dropped + fp16 bound of the kept values (`fp16_tv_bound`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from tandem.codecs.base import (
+    CodecBase,
+    CodecError,
+    as_numpy_probs,
+    ceil_log2,
+    check_vocab_size,
+    normalized_fp16,
+    to_fp16,
+)
+from tandem.codecs.dense import fp16_tv_bound
+
+CANDIDATE_THRESHOLDS = (1e-3, 1e-5)  # tried in turn before sorting the whole vocabulary
+
+
+def sorted_head(probs: np.ndarray, *, count: int = 0, mass: float = 0.0) -> np.ndarray:
+    """Ids of normalized `probs` ([vocab]) in decreasing probability (ties: lower id first),
+    at least `count` of them or enough to reach `mass`, else all of them.
+
+    Only entries above a threshold are sorted when they suffice; the result is the same prefix
+    a full stable sort gives, just cheaper.
+    """
+    for threshold in CANDIDATE_THRESHOLDS:
+        candidates = np.flatnonzero(probs >= threshold)
+        ids = candidates[np.argsort(-probs[candidates], kind="stable")]
+        if ids.shape[0] >= count and ids.shape[0] > 0 and probs[ids].cumsum()[-1] >= mass:
+            return ids
+    return np.argsort(-probs, kind="stable")
+
+
+def top_sorted(probs: np.ndarray, count: int) -> np.ndarray:
+    """Ids of the `count` largest entries of `probs` ([vocab]), in decreasing probability."""
+    return sorted_head(probs, count=count)[:count]
+
+
+def top_k_ids(probs: np.ndarray, k: int) -> np.ndarray:
+    """The min(k, nnz) most probable ids of normalized `probs` ([vocab])."""
+    ids = top_sorted(probs, k)
+    return ids[probs[ids] > 0]
+
+
+def top_p_ids(probs: np.ndarray, top_p: float) -> np.ndarray:
+    """The fewest most probable ids of normalized `probs` ([vocab]) with mass >= top_p."""
+    ids = sorted_head(probs, mass=top_p)
+    mass = np.cumsum(probs[ids])
+    num_kept = int(np.searchsorted(mass, top_p)) + 1  # the first prefix reaching top_p
+    ids = ids[: min(num_kept, ids.shape[0])]
+    return ids[probs[ids] > 0]
+
+
+def index_width(vocab_size: int) -> int:
+    return ceil_log2(vocab_size)
+
+
+def sparse_bits(vocab_size: int, num_kept: int) -> int:
+    return index_width(vocab_size) * (num_kept + 1) + 16 * num_kept
+
+
+def encode_sparse(probs: np.ndarray, ids: np.ndarray) -> bytes:
+    """Payload for the kept `ids` ([K], K >= 1) of `probs` ([vocab])."""
+    width = index_width(probs.shape[0])
+    fields = np.concatenate([[ids.shape[0] - 1], ids]).astype(np.int64)  # [K + 1]
+    shifts = np.arange(width - 1, -1, -1, dtype=np.int64)  # [w], most significant first
+    bits = ((fields[:, None] >> shifts) & 1).astype(np.uint8)  # [K + 1, w]
+    return np.packbits(bits.reshape(-1)).tobytes() + to_fp16(probs[ids]).astype("<f2").tobytes()
+
+
+def decode_sparse(data: bytes, vocab_size: int) -> torch.Tensor:
+    """[vocab] float32 probs from a sparse payload; CodecError if it is malformed."""
+    check_vocab_size(vocab_size)
+    width = index_width(vocab_size)
+    raw = np.frombuffer(data, dtype=np.uint8)
+    if 8 * raw.shape[0] < width:
+        raise CodecError("sparse payload too short")
+    head = np.unpackbits(raw[: (width + 7) // 8])[:width]
+    num_kept = int(head @ (1 << np.arange(width - 1, -1, -1, dtype=np.int64))) + 1
+    if num_kept > vocab_size:
+        raise CodecError(f"sparse payload keeps {num_kept} of {vocab_size} tokens")
+    id_bytes = (width * (num_kept + 1) + 7) // 8
+    if raw.shape[0] != id_bytes + 2 * num_kept:
+        raise CodecError(
+            f"sparse payload of {raw.shape[0]} bytes, expected {id_bytes + 2 * num_kept}"
+        )
+    bits = np.unpackbits(raw[:id_bytes])
+    if bits[width * (num_kept + 1) :].any():
+        raise CodecError("sparse payload padding bits are not zero")
+    id_bits = bits[width : width * (num_kept + 1)].reshape(num_kept, width).astype(np.int64)
+    ids = id_bits @ (1 << np.arange(width - 1, -1, -1, dtype=np.int64))  # [K]
+    if (ids >= vocab_size).any() or np.unique(ids).shape[0] != num_kept:
+        raise CodecError("sparse payload has out-of-range or repeated token ids")
+    sent = np.zeros(vocab_size, dtype=np.float32)
+    sent[ids] = normalized_fp16(np.frombuffer(raw[id_bytes:].tobytes(), dtype="<f2"))
+    return torch.from_numpy(sent)
+
+
+class SparseCodec(CodecBase):
+    """Shared encode/decode; subclasses choose the kept ids."""
+
+    def kept_ids(self, probs: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def encode(self, probs: torch.Tensor) -> bytes:
+        values = as_numpy_probs(probs)
+        return encode_sparse(values, self.kept_ids(values))
+
+    def decode(self, data: bytes, vocab_size: int) -> torch.Tensor:
+        return decode_sparse(data, vocab_size)
+
+    def bits(self, probs: torch.Tensor) -> int:
+        values = as_numpy_probs(probs)
+        return sparse_bits(values.shape[0], self.kept_ids(values).shape[0])
+
+    def _sent_row(self, probs: np.ndarray) -> np.ndarray:
+        ids = self.kept_ids(probs)
+        sent = np.zeros(probs.shape[0], dtype=np.float32)
+        sent[ids] = normalized_fp16(to_fp16(probs[ids]))
+        return sent
+
+    def tv_bound(self, probs: torch.Tensor) -> float:
+        """Upper bound on TV(probs, transmitted_probs(probs)) for this [vocab] input."""
+        values = as_numpy_probs(probs)
+        kept = values[self.kept_ids(values)]
+        return min(1.0, 1.0 - float(kept.sum()) + fp16_tv_bound(kept))
+
+
+class TopKCodec(SparseCodec):
+    name = "top-k"
+
+    def __init__(self, *, k: int = 32) -> None:
+        if k < 1:
+            raise CodecError(f"top-k needs k >= 1, got {k}")
+        self.k = k
+
+    def kept_ids(self, probs: np.ndarray) -> np.ndarray:
+        return top_k_ids(probs, self.k)
+
+
+class TopPCodec(SparseCodec):
+    name = "top-p"
+
+    def __init__(self, *, p: float = 0.8) -> None:
+        if not 0 < p <= 1:
+            raise CodecError(f"top-p needs 0 < p <= 1, got {p}")
+        self.p = p
+
+    def kept_ids(self, probs: np.ndarray) -> np.ndarray:
+        return top_p_ids(probs, self.p)

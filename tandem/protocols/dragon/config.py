@@ -1,0 +1,109 @@
+"""DRAGON session settings, shared by both sides, and the seeds derived from them.
+
+Words used here:
+- *side*: "device" or "cloud" (`SIDES`); the *peer* of a side is the other one.
+- *strategy*: who runs the aggregator. "dragon" = the greedy scheduler of paper Sec. 5
+  (Eq. 7/8), "device" / "cloud" = always that side, "random" = a fair coin after every token.
+- *position*: index of a generated token (0 = the first new token).
+- *position seed*: every random draw of a session is made with a generator seeded from
+  (seed, purpose, position), never from a shared stream. Draft t of a side and the
+  aggregation of position t therefore do not depend on timing, on rollbacks, or on which
+  side aggregates: with the same seed, the output is the same under every strategy and link.
+
+The device chooses the settings and sends them in its start message (`to_json`), so both
+sides run with the same ones.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field, fields
+
+import torch
+
+from tandem.errors import TandemError
+
+DEVICE, CLOUD = "device", "cloud"
+SIDES = (DEVICE, CLOUD)
+STRATEGIES = ("dragon", "device", "cloud", "random")
+SCORERS = ("embedding", "bm25", "static")
+
+
+def peer_of(side: str) -> str:
+    return CLOUD if side == DEVICE else DEVICE
+
+
+@dataclass(frozen=True, kw_only=True)
+class DragonConfig:
+    """Everything both sides must agree on for one generation."""
+
+    max_new_tokens: int = 64
+    temperature: float = 0.0  # 0 = greedy (drafts and target are argmaxes)
+    seed: int = 0
+    stop_at_eos: bool = True
+    docs_per_side: int = 2  # top-k documents each side retrieves from its own corpus
+    codec: str = "top-p"  # tandem.codecs name for the draft distributions (paper: top-p 0.8)
+    codec_params: dict[str, float] = field(default_factory=lambda: {"p": 0.8})
+    strategy: str = "dragon"
+    lookahead: int = 8  # most unresolved drafts a side keeps ahead of the target sequence
+    scorer: str = "embedding"  # dynamic relevance: embedding | bm25 | static (retrieval scores)
+    relevance_interval: int = 4  # re-score the documents every this many tokens
+    relevance_temperature: float = 0.1  # relevance logits = similarity / temperature
+    acceptance_ema: float = 0.3  # weight of a new observation in the acceptance moving average
+    slope_weight: float = 0.1  # rho: weight of a new decode timing in the online slope update
+    rtt_probe_s: float = 0.5  # in-band Ping interval while generating (0 = no probes)
+    bandwidth_probe_bytes: int = 16_384  # one padding burst at start to estimate the uplink
+    switch_margin_s: float = 0.0  # switch only when the other side is better by this much
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.max_new_tokens >= 1, "max_new_tokens must be >= 1"),
+            (self.temperature >= 0, "temperature must be >= 0"),
+            (self.docs_per_side >= 0, "docs_per_side must be >= 0"),
+            (self.strategy in STRATEGIES, f"strategy must be one of {', '.join(STRATEGIES)}"),
+            (self.scorer in SCORERS, f"scorer must be one of {', '.join(SCORERS)}"),
+            (self.lookahead >= 1, "lookahead must be >= 1"),
+            (self.relevance_interval >= 1, "relevance_interval must be >= 1"),
+            (self.relevance_temperature > 0, "relevance_temperature must be > 0"),
+            (0 < self.acceptance_ema <= 1, "acceptance_ema must be in (0, 1]"),
+            (0 < self.slope_weight <= 1, "slope_weight must be in (0, 1]"),
+            (self.rtt_probe_s >= 0, "rtt_probe_s must be >= 0"),
+            (self.bandwidth_probe_bytes >= 0, "bandwidth_probe_bytes must be >= 0"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise TandemError(f"dragon: {message}")
+        object.__setattr__(self, "codec_params", dict(self.codec_params))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    @property
+    def first_aggregator(self) -> str:
+        return CLOUD if self.strategy == CLOUD else DEVICE
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> DragonConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise TandemError(f"dragon: unknown settings {', '.join(sorted(unknown))}")
+        return cls(**data)
+
+    def dumps(self) -> bytes:
+        return json.dumps(self.to_json(), sort_keys=True).encode()
+
+
+def position_seed(seed: int, purpose: str, position: int) -> int:
+    """A 63-bit seed for one draw: `purpose` is a side name (drafts) or "aggregate"."""
+    digest = hashlib.blake2b(f"{seed}:{purpose}:{position}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def position_generator(seed: int, purpose: str, position: int) -> torch.Generator:
+    return torch.Generator().manual_seed(position_seed(seed, purpose, position))

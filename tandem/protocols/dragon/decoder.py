@@ -1,0 +1,188 @@
+"""Per-document decoding on one side: one batched row per retrieved document, one law out.
+
+Words used here:
+- *generated tokens*: the tokens after the prompt, the same on every row. The decoder holds
+  the KV state of some generated tokens; `sync(tokens)` makes it hold exactly `tokens`
+  (crop to the common prefix, decode the rest), so a rejected draft is undone by one call.
+- *relevance logits* R(d, prefix): one per document, from a `RelevanceScorer` on the question
+  plus the generated text, refreshed every `interval` tokens. `RelevanceSchedule` makes them
+  a pure function of the generated prefix (cached by prefix), so rollback never leaves
+  scores computed from rejected tokens behind.
+- *side law* (`SideLaw`): `local_probs = sum_d softmax(R)(d) softmax(logits_d / T)` and the
+  side's logweight `h = logsumexp(R)` (paper Eq. 4, `tandem.sampling.aggregation`). Greedy
+  (T = 0) uses the untempered laws.
+
+The decoder is synchronous and single-threaded; `worker.DraftWorker` runs it in a thread and
+passes a cancel event through to the model (preemption between layers).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from tandem.models.base import CausalLM, State
+from tandem.retrieval.scorer import RelevanceScorer
+from tandem.sampling.aggregation import document_mixture, side_logweight
+
+
+@dataclass(frozen=True)
+class SideLaw:
+    probs: torch.Tensor  # [vocab] float32: the locally aggregated law (before any codec)
+    logweight: float  # h = logsumexp of the relevance logits
+    doc_weights: np.ndarray  # [docs] softmax of the relevance logits
+
+
+class RelevanceSchedule:
+    """Relevance logits [docs] as a pure function of the generated prefix."""
+
+    def __init__(
+        self,
+        *,
+        num_docs: int,
+        query: str,
+        detokenize: Callable[[list[int]], str],
+        scorer: RelevanceScorer | None = None,
+        static_scores: np.ndarray | None = None,  # [docs], used when there is no scorer
+        interval: int = 4,
+    ):
+        self.num_docs = num_docs
+        self.query = query
+        self.detokenize = detokenize
+        self.scorer = scorer
+        self.static = (
+            np.zeros(num_docs, np.float32) if static_scores is None else np.asarray(static_scores)
+        )
+        assert self.static.shape == (num_docs,), self.static.shape
+        self.interval = interval
+        self._cache: dict[int, tuple[tuple[int, ...], np.ndarray]] = {}
+        self.calls = 0
+
+    def scores(self, tokens: list[int]) -> np.ndarray:  # [docs] float32
+        if self.scorer is None:
+            return self.static.astype(np.float32)
+        boundary = len(tokens) // self.interval * self.interval
+        key = tuple(tokens[:boundary])
+        cached = self._cache.get(boundary)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        text = self.query if not boundary else f"{self.query}\n{self.detokenize(list(key))}"
+        scores = np.asarray(self.scorer.score(text), dtype=np.float32)
+        assert scores.shape == (self.num_docs,), scores.shape
+        self.calls += 1
+        for stale in [b for b in self._cache if b >= boundary]:
+            del self._cache[stale]
+        self._cache[boundary] = (key, scores)
+        return scores
+
+
+def side_law(
+    logits: torch.Tensor,  # [docs, vocab]
+    scores: np.ndarray,  # [docs] relevance logits
+    temperature: float,
+) -> SideLaw:
+    """The side's locally aggregated law from its per-document next-token logits."""
+    assert logits.dim() == 2 and scores.shape == (logits.shape[0],), (logits.shape, scores.shape)
+    scale = temperature if temperature > 0 else 1.0
+    doc_probs = torch.softmax(logits.float() / scale, dim=-1)  # [docs, vocab]
+    relevance = torch.from_numpy(np.asarray(scores, dtype=np.float32))  # [docs]
+    return SideLaw(
+        probs=document_mixture(doc_probs, relevance),
+        logweight=float(side_logweight(relevance.double())),
+        doc_weights=torch.softmax(relevance.double(), dim=0).numpy(),
+    )
+
+
+class DocDecoder:
+    """KV state of one side's document rows, kept in step with a list of generated tokens."""
+
+    def __init__(
+        self,
+        lm: CausalLM,
+        *,
+        prefixes: list[list[int]],  # one document prefix per row ([] allowed: no prefix)
+        suffix: list[int],  # the question turn, appended to every row
+        relevance: RelevanceSchedule,
+        temperature: float,
+        kv_store=None,  # tandem.retrieval.kvstore.DocKVStore or None
+    ):
+        assert prefixes and relevance.num_docs == len(prefixes), (len(prefixes), relevance.num_docs)
+        self.lm = lm
+        self.prefixes = prefixes
+        self.suffix = suffix
+        self.relevance = relevance
+        self.temperature = temperature
+        self.kv_store = kv_store
+        self.state: State | None = None
+        self.tokens: list[int] = []  # generated tokens the state holds
+        self.prompt_len = 0  # padded positions of the prompt part of the state
+        self.prompt_logits: torch.Tensor | None = None  # [docs, vocab]
+        self.kv_hits = 0
+        self.decode_calls = 0
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.prefixes)
+
+    @property
+    def context_len(self) -> int:
+        """Longest row's real length now (prompt + generated tokens held)."""
+        return max(self.state.lengths) if self.state is not None else 0
+
+    def prefill(self) -> float:
+        """Build the rows (document KV from the store when present); returns seconds."""
+        began = time.perf_counter()
+        if self.kv_store is not None and all(self.prefixes) and self.suffix:
+            states = []
+            for prefix in self.prefixes:
+                state, hit = self.kv_store.get_or_prefill(prefix)
+                self.kv_hits += int(hit)
+                states.append(state)
+            self.state = self.lm.stack(states) if len(states) > 1 else states[0]
+            self.lm.decode(self.state, self.suffix)
+        else:
+            self.state = self.lm.prefill([prefix + self.suffix for prefix in self.prefixes])
+        self.prompt_len = self.state.seq_len
+        self.prompt_logits = self.state.logits.clone()
+        self.tokens = []
+        return time.perf_counter() - began
+
+    def sync(self, tokens: list[int], cancel: threading.Event | None = None) -> int:
+        """Make the state hold exactly `tokens`; returns how many tokens were decoded.
+
+        Raises `tandem.models.base.Cancelled` (state unchanged) when `cancel` fires.
+        """
+        assert self.state is not None, "prefill first"
+        common = 0
+        for held, wanted in zip(self.tokens, tokens, strict=False):
+            if held != wanted:
+                break
+            common += 1
+        if common < len(self.tokens):
+            self._crop(common)
+        if self.state.logits is None:  # cropped outside the last decode block
+            self._crop(common - 1)
+        todo = tokens[len(self.tokens) :]
+        if todo:
+            self.lm.decode(self.state, [todo] * self.num_rows, cancel=cancel)
+            self.tokens = self.tokens + list(todo)
+            self.decode_calls += 1
+        return len(todo)
+
+    def _crop(self, keep: int) -> None:
+        self.lm.crop(self.state, self.prompt_len + keep)
+        self.tokens = self.tokens[:keep]
+        if keep == 0:
+            self.state.logits = self.prompt_logits.clone()
+            self.state.recent_logits = None
+
+    def law(self) -> SideLaw:
+        """The side law after the tokens held now."""
+        assert self.state is not None and self.state.logits is not None
+        scores = self.relevance.scores(self.tokens)
+        return side_law(self.state.logits, scores, self.temperature)

@@ -1,0 +1,120 @@
+"""What one side knows: its own corpus, and how a question becomes its decoder.
+
+Words used here:
+- *knowledge*: a side's retriever (its corpus only: documents never cross the network), an
+  optional document KV store, and how relevance is scored while generating.
+- *retrieved document*: a chunk chosen once for the question (top-k by cosine similarity);
+  its KV cache is reused and only its weight changes during decoding (paper Sec. 4.1).
+
+`build_decoder(...)` is what a side runs at session start: retrieve, lay out one row per
+document (`prompt.RagPrompt`), set up dynamic relevance, return an un-prefilled `DocDecoder`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tandem.models.base import CausalLM
+from tandem.protocols.dragon.config import DragonConfig
+from tandem.protocols.dragon.decoder import DocDecoder, RelevanceSchedule
+from tandem.protocols.dragon.prompt import RagPrompt
+
+
+@dataclass(frozen=True)
+class RetrievedDoc:
+    doc_id: str
+    text: str
+    score: float  # retrieval cosine similarity
+
+
+@dataclass
+class Knowledge:
+    """One side's corpus access. `retriever` None = no retrieval (a bare row)."""
+
+    retriever: object | None = None  # tandem.retrieval.search.Retriever
+    kv_store: object | None = None  # tandem.retrieval.kvstore.DocKVStore
+
+    @classmethod
+    def from_texts(cls, texts: list[str], embedder, *, tokenizer=None, chunk_tokens: int = 64):
+        """An in-memory corpus (tests, benchmarks): chunk `texts` and index them."""
+        from tandem.retrieval.chunking import ChunkParams, chunk_text
+        from tandem.retrieval.search import Retriever
+
+        if tokenizer is None:
+            from tandem.models.tiny import ByteTokenizer
+
+            tokenizer = ByteTokenizer()
+        params = ChunkParams(chunk_tokens=chunk_tokens)
+        chunks = [
+            chunk
+            for number, text in enumerate(texts)
+            for chunk in chunk_text(text, tokenizer, params, doc_id=f"doc{number}")
+        ]
+        return cls(retriever=Retriever.from_chunks(chunks, embedder))
+
+    @classmethod
+    def from_index(cls, path: Path, *, kv_root: Path | None = None, lm: CausalLM | None = None):
+        """An index folder built by `tandem index build` (and a KV store, if asked)."""
+        from tandem.retrieval.index import open_index
+
+        kv_store = None
+        if kv_root is not None and lm is not None:
+            from tandem.retrieval.kvstore import DocKVStore
+
+            kv_store = DocKVStore(kv_root, lm)
+        return cls(retriever=open_index(path), kv_store=kv_store)
+
+    def retrieve(self, question: str, k: int) -> list[RetrievedDoc]:
+        if self.retriever is None or k == 0 or not len(self.retriever):
+            return []
+        return [
+            RetrievedDoc(doc_id=f"{chunk.doc_id}#{chunk.position}", text=chunk.text, score=score)
+            for chunk, score in self.retriever.search(question, k)
+        ]
+
+
+def make_scorer(kind: str, knowledge: Knowledge, docs: list[RetrievedDoc], temperature: float):
+    """A `RelevanceScorer` over the retrieved documents, or None for static weights."""
+    if kind == "static" or not docs:
+        return None
+    texts = [d.text for d in docs]
+    if kind == "bm25":
+        from tandem.retrieval.scorer import BM25Scorer
+
+        return BM25Scorer(texts, temperature=temperature)
+    from tandem.retrieval.scorer import EmbeddingScorer
+
+    return EmbeddingScorer(knowledge.retriever.embedder, texts, temperature=temperature)
+
+
+def build_decoder(
+    lm: CausalLM, knowledge: Knowledge, question: str, config: DragonConfig
+) -> tuple[DocDecoder, list[RetrievedDoc]]:
+    """Retrieve from this side's corpus and lay out its rows (not yet prefilled)."""
+    docs = knowledge.retrieve(question, config.docs_per_side)
+    prompt = RagPrompt.for_tokenizer(lm.tokenizer)
+    prefixes = [prompt.doc_prefix(lm.tokenizer, d.text) for d in docs] or [
+        prompt.doc_prefix(lm.tokenizer, None)
+    ]
+    scorer = make_scorer(config.scorer, knowledge, docs, config.relevance_temperature)
+    static = np.array([d.score / config.relevance_temperature for d in docs] or [0.0], np.float32)
+    relevance = RelevanceSchedule(
+        num_docs=len(prefixes),
+        query=question,
+        detokenize=lm.tokenizer.decode,
+        scorer=scorer,
+        static_scores=static,
+        interval=config.relevance_interval,
+    )
+    decoder = DocDecoder(
+        lm,
+        prefixes=prefixes,
+        suffix=prompt.question_suffix(lm.tokenizer, question),
+        relevance=relevance,
+        temperature=config.temperature,
+        kv_store=knowledge.kv_store,
+    )
+    return decoder, docs

@@ -1,0 +1,113 @@
+"""Draft tokens and the draft queues both sides keep (paper Sec. 3, steps 2-4).
+
+Words used here:
+- *draft*: one token a side proposes for `position`, sampled from its *sent probs* (the law
+  its codec transmits, DESIGN errata 2), with the payload the peer decodes into the same
+  sent probs, the side's logweight, and how long producing it took (for the profiler).
+- *epoch*: how many of this side's drafts have been rejected so far. Both sides count the
+  same rejections (every target token reaches both), so a draft made before its side learnt
+  of a rejection carries an old epoch and is dropped wherever it arrives.
+- *draft queue*: the unresolved drafts of one side, in position order. Each side keeps one
+  queue per side (its own and the peer's, which the peer broadcasts), so the aggregator can
+  move to either side at any time. Resolving position t pops the front draft if it equals the
+  target token (accepted) and clears the queue otherwise (rejected).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from tandem.codecs import Codec
+from tandem.codecs import draft as codec_draft
+from tandem.protocols.dragon.config import position_generator
+from tandem.protocols.dragon.decoder import SideLaw
+
+
+@dataclass(frozen=True)
+class Draft:
+    side: str
+    position: int
+    epoch: int
+    token: int
+    sent_probs: torch.Tensor  # [vocab] float32, what both sides hold for this draft
+    logweight: float
+    payload: bytes  # the codec's encoding of the law
+    decode_s: float = 0.0  # time to produce this draft (decode + law + codec)
+    context: int = 0  # the side's context length when it decoded for this draft
+    created: float = field(default_factory=time.perf_counter)
+
+
+def make_draft(
+    law: SideLaw,
+    *,
+    codec: Codec,
+    side: str,
+    position: int,
+    epoch: int,
+    seed: int,
+    greedy: bool,
+    decode_s: float = 0.0,
+    context: int = 0,
+) -> Draft:
+    """Encode the side law and draw the draft from what is transmitted (QS principle).
+
+    Greedy drafts are the argmax of the sent probs; sampled drafts use the position seed of
+    (seed, side, position), so a redraft after a rollback is as fresh as the first one.
+    """
+    if greedy:
+        payload = codec.encode(law.probs)
+        sent_probs = codec.transmitted_probs(law.probs)
+        token = int(sent_probs.argmax())
+        codec.observe(law.probs)
+    else:
+        out = codec_draft(codec, law.probs, position_generator(seed, side, position))
+        payload, sent_probs, token = out.payload, out.sent_probs, out.token
+    return Draft(
+        side=side,
+        position=position,
+        epoch=epoch,
+        token=token,
+        sent_probs=sent_probs,
+        logweight=law.logweight,
+        payload=payload,
+        decode_s=decode_s,
+        context=context,
+    )
+
+
+class DraftQueue:
+    """One side's unresolved drafts, front = lowest position."""
+
+    def __init__(self) -> None:
+        self._drafts: deque[Draft] = deque()
+
+    def __len__(self) -> int:
+        return len(self._drafts)
+
+    def push(self, draft: Draft) -> None:
+        if self._drafts and draft.position != self._drafts[-1].position + 1:
+            raise ValueError(
+                f"{draft.side} draft for position {draft.position} after "
+                f"{self._drafts[-1].position}: drafts must arrive in order"
+            )
+        self._drafts.append(draft)
+
+    def front_at(self, position: int) -> Draft | None:
+        """The draft for `position`, dropping older ones; None if it has not arrived."""
+        while self._drafts and self._drafts[0].position < position:
+            self._drafts.popleft()
+        if self._drafts and self._drafts[0].position == position:
+            return self._drafts[0]
+        return None
+
+    def pop(self) -> Draft:
+        return self._drafts.popleft()
+
+    def clear(self) -> int:
+        dropped = len(self._drafts)
+        self._drafts.clear()
+        return dropped

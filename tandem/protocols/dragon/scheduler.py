@@ -1,0 +1,119 @@
+"""Greedy scheduling of the aggregator (paper Sec. 5.1) and the wall-time theory (Sec. 6).
+
+Words used here (from the aggregator's point of view: `here` aggregates now, `there` is
+the other side):
+- *c_dec*: seconds one side needs to produce a draft at its current context length.
+- *rtt*: transmission round trip of one aggregation, c_trans_here + c_trans_there (target
+  token out, the peer's next draft back).
+- *alpha*: moving-average acceptance rate of a side's drafts.
+- *Z_s* (Eq. 7): expected latency per token if side s aggregates from now on:
+  `Z_s = alpha_o max(c_s, c_o) + (1 - alpha_o) max(c_s, c_o + rtt)`, o the other side.
+  A rejected draft of the other side costs a round trip; a rejected local draft does not.
+- *latency gap* (Eq. 8): `Z_here - Z_there`; the aggregator moves when it is > 0.
+
+Strategies (`Scheduler`): "dragon" (Eq. 7/8), "device", "cloud" (static), "random" (a fair
+coin per token from the position seed). All functions here are pure; a simulator (paper
+Fig. 8) can drive `Scheduler` with recorded traces.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from tandem.protocols.dragon.config import CLOUD, DEVICE, STRATEGIES, peer_of, position_seed
+
+
+def expected_latency(
+    c_dec_self: float, c_dec_other: float, alpha_other: float, rtt: float
+) -> float:
+    """Eq. 7: expected seconds per token while `self` aggregates."""
+    return alpha_other * max(c_dec_self, c_dec_other) + (1.0 - alpha_other) * max(
+        c_dec_self, c_dec_other + rtt
+    )
+
+
+def latency_gap(
+    c_dec_l: float, c_dec_r: float, alpha_l: float, alpha_r: float, rtt: float
+) -> float:
+    """Eq. 8 as Z_l - Z_r (l aggregates now); > 0 means r is the better aggregator."""
+    return expected_latency(c_dec_l, c_dec_r, alpha_r, rtt) - expected_latency(
+        c_dec_r, c_dec_l, alpha_l, rtt
+    )
+
+
+def latency_gap_piecewise(
+    c_dec_l: float, c_dec_r: float, alpha_l: float, alpha_r: float, rtt: float
+) -> float:
+    """Eq. 8 exactly as printed (j = c_dec_r - c_dec_l); equals `latency_gap`."""
+    j = c_dec_r - c_dec_l
+    if c_dec_l <= c_dec_r - rtt:
+        return (1 - alpha_r) * rtt
+    if c_dec_l <= c_dec_r:
+        return (1 - alpha_l) * j + (alpha_l - alpha_r) * rtt
+    if c_dec_l <= c_dec_r + rtt:
+        return (1 - alpha_r) * j + (alpha_l - alpha_r) * rtt
+    return (alpha_l - 1) * rtt
+
+
+def synchronized_latency(c_dec_device: float, c_dec_cloud: float, rtt: float) -> float:
+    """Per-token latency of token-wise synchronisation (DRDG/TW), aggregating on the device:
+    Eq. 7 with every draft rejected."""
+    return max(c_dec_device, c_dec_cloud + rtt)
+
+
+def predicted_speedup(
+    c_dec_device: float, c_dec_cloud: float, alpha_cloud: float, rtt: float
+) -> float:
+    """Theorem 6.2: S = Z~ / Z for aggregation on the device (l = device, r = cloud)."""
+    if c_dec_device <= c_dec_cloud:
+        inverse = 1 - alpha_cloud / (1 + c_dec_cloud / rtt) if rtt > 0 else 1.0
+    elif c_dec_device <= c_dec_cloud + rtt:
+        inverse = 1 - (1 - c_dec_device / (c_dec_cloud + rtt)) * alpha_cloud
+    else:
+        inverse = 1.0
+    return 1.0 / inverse
+
+
+@dataclass(frozen=True)
+class Estimates:
+    """What the scheduler knows after an aggregation."""
+
+    c_dec: dict[str, float]  # side -> seconds per draft
+    alpha: dict[str, float]  # side -> acceptance rate
+    rtt: float  # seconds
+
+
+@dataclass(frozen=True)
+class Decision:
+    aggregator: str  # side that aggregates the next position
+    gap: float  # Z_here - Z_there (Eq. 8), seconds; 0 for non-dragon strategies
+
+
+class Scheduler:
+    """Chooses the side that aggregates the next position."""
+
+    def __init__(self, strategy: str = "dragon", *, seed: int = 0, margin: float = 0.0):
+        if strategy not in STRATEGIES:
+            raise ValueError(f"unknown strategy {strategy!r}")
+        self.strategy = strategy
+        self.seed = seed
+        self.margin = margin
+
+    def decide(self, here: str, position: int, estimates: Estimates | None) -> Decision:
+        if self.strategy in (DEVICE, CLOUD):
+            return Decision(self.strategy, 0.0)
+        if self.strategy == "random":
+            coin = random.Random(position_seed(self.seed, "schedule", position)).random()
+            return Decision(DEVICE if coin < 0.5 else CLOUD, 0.0)
+        if estimates is None:
+            return Decision(here, 0.0)
+        there = peer_of(here)
+        gap = latency_gap(
+            estimates.c_dec[here],
+            estimates.c_dec[there],
+            estimates.alpha[here],
+            estimates.alpha[there],
+            estimates.rtt,
+        )
+        return Decision(there if gap > self.margin else here, gap)

@@ -1,0 +1,124 @@
+"""DRAGON's events as `tandem.transport` messages (the only module that knows the mapping).
+
+    event                      message
+    start (device -> cloud)    DraftTokens, codec "dragon.start", position -1, no tokens,
+                               arrays["body"] = uint8 JSON (settings, question, profile)
+    ready (cloud -> device)    DraftTokens, codec "dragon.ready", position -1, no tokens,
+                               arrays["body"] = uint8 JSON (cloud profile, document count)
+    padding burst              DraftTokens, codec "dragon.pad", position -1 (ignored)
+    draft                      DraftTokens: position, tokens = (token,), codec name,
+                               distributions = (payload,), arrays["meta"] = float64
+                               [epoch, logweight, decode_s, context]
+    target token               TargetToken: position, token, accepted = (device, cloud)
+    switch                     SwitchAggregator: position, target_token, aggregator
+    failure                    Error, code "dragon"
+
+The transport has no session-start message yet, so start/ready/pad ride on DraftTokens with
+a reserved codec name and a negative position (never a real draft). Documents never travel:
+only counts and scores' summaries (logweights) do.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from tandem.codecs import Codec
+from tandem.protocols.dragon.config import DragonConfig
+from tandem.protocols.dragon.queues import Draft
+from tandem.transport import DraftTokens, Error, SwitchAggregator, TargetToken
+
+START, READY, PAD = "dragon.start", "dragon.ready", "dragon.pad"
+
+
+def control_message(kind: str, seq: int, body: dict, *, padding: int = 0) -> DraftTokens:
+    blob = np.frombuffer(json.dumps(body).encode() + b" " * padding, dtype=np.uint8)
+    return DraftTokens(seq=seq, position=-1, tokens=(), codec=kind, arrays={"body": blob})
+
+
+def control_kind(msg: object) -> str | None:
+    """START / READY / PAD for a control message, None for anything else."""
+    if isinstance(msg, DraftTokens) and msg.position < 0 and msg.codec in (START, READY, PAD):
+        return msg.codec
+    return None
+
+
+def control_body(msg: DraftTokens) -> dict:
+    blob = msg.arrays.get("body")
+    try:
+        body = json.loads(blob.tobytes().decode()) if blob is not None else None
+    except (ValueError, UnicodeDecodeError):
+        body = None
+    if not isinstance(body, dict):
+        raise ValueError(f"malformed {msg.codec} message")
+    return body
+
+
+def start_message(
+    seq: int, *, config: DragonConfig, question: str, profile: list[float]
+) -> DraftTokens:
+    return control_message(
+        START, seq, {"config": config.to_json(), "question": question, "profile": profile}
+    )
+
+
+def pad_message(seq: int, nbytes: int) -> DraftTokens:
+    return control_message(PAD, seq, {}, padding=nbytes)
+
+
+def draft_message(seq: int, draft: Draft, codec_name: str) -> DraftTokens:
+    return DraftTokens(
+        seq=seq,
+        position=draft.position,
+        tokens=(draft.token,),
+        codec=codec_name,
+        distributions=(draft.payload,),
+        arrays={
+            "meta": np.array(
+                [draft.epoch, draft.logweight, draft.decode_s, draft.context], dtype=np.float64
+            )
+        },
+    )
+
+
+def parse_draft(msg: DraftTokens, *, side: str, codec: Codec, vocab_size: int) -> Draft:
+    """The peer's draft, with its sent probs decoded exactly as the peer computed them."""
+    if len(msg.tokens) != 1 or len(msg.distributions) != 1:
+        raise ValueError("a DRAGON draft carries exactly one token and one distribution")
+    meta = msg.arrays.get("meta")
+    if meta is None or meta.shape != (4,) or not np.isfinite(meta[[0, 2, 3]]).all():
+        raise ValueError("DRAGON draft without its [epoch, logweight, decode_s, context]")
+    epoch, logweight, decode_s, context = meta.tolist()
+    token = int(msg.tokens[0])
+    sent_probs = codec.decode(msg.distributions[0], vocab_size)
+    if not 0 <= token < vocab_size or not sent_probs[token] > 0:
+        raise ValueError(f"draft token {token} is not in the support of its sent distribution")
+    return Draft(
+        side=side,
+        position=int(msg.position),
+        epoch=int(epoch),
+        token=token,
+        sent_probs=sent_probs,
+        logweight=float(logweight),
+        payload=msg.distributions[0],
+        decode_s=float(decode_s),
+        context=int(context),
+    )
+
+
+def target_message(seq: int, position: int, token: int, accepted: dict[str, bool]) -> TargetToken:
+    return TargetToken(
+        seq=seq,
+        position=position,
+        token=token,
+        accepted=(accepted["device"], accepted["cloud"]),
+    )
+
+
+def switch_message(seq: int, position: int, token: int, aggregator: str) -> SwitchAggregator:
+    return SwitchAggregator(seq=seq, position=position, target_token=token, aggregator=aggregator)
+
+
+def error_message(text: str) -> Error:
+    return Error(code="dragon", message=text[:4000])

@@ -1,0 +1,134 @@
+"""The decoder thread of one side: drafts continuously, ahead of the target sequence.
+
+Words used here:
+- *base*: the target tokens resolved so far; *pending*: this side's own unresolved drafts,
+  in the current epoch. The thread drafts position len(base) + len(pending) from the state
+  after base + pending, so it runs ahead of the aggregator by up to `lookahead` drafts.
+- *resolve*: the session tells the worker the target token of the next position and whether
+  this side's draft there was accepted. Accepted: the front pending draft becomes base.
+  Rejected: pending is dropped, the epoch changes, and the decode in flight is cancelled
+  (`lm.decode(..., cancel=event)` aborts between layers); the next sync crops the KV cache
+  and decodes the target token instead.
+
+Theory of operation: the session (event loop) and the thread share `base`, `pending`,
+`epoch` and `stop` under one condition variable. The thread snapshots them, decodes without
+the lock, and publishes its draft only if the epoch did not change meanwhile; drafts that
+slip through anyway carry their epoch and are dropped by the session.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from tandem.models.base import Cancelled
+from tandem.protocols.dragon.decoder import DocDecoder, SideLaw
+from tandem.protocols.dragon.queues import Draft
+
+# (law, position, epoch, seconds spent, context length) -> Draft
+MakeDraft = Callable[[SideLaw, int, int, float, int], Draft]
+
+
+class DraftWorker:
+    def __init__(
+        self,
+        *,
+        build: Callable[[], DocDecoder],
+        make_draft: MakeDraft,
+        emit: Callable[[Draft], None],
+        on_ready: Callable[[DocDecoder, float], None],
+        on_error: Callable[[BaseException], None],
+        max_new_tokens: int,
+        lookahead: int,
+        eos_id: int | None,
+        name: str = "dragon-decoder",
+    ):
+        self._build, self._make, self._emit = build, make_draft, emit
+        self._on_ready, self._on_error = on_ready, on_error
+        self.max_new_tokens = max_new_tokens
+        self.lookahead = lookahead
+        self.eos_id = eos_id
+        self._cond = threading.Condition()
+        self.cancel = threading.Event()
+        self.base: list[int] = []
+        self.pending: list[int] = []
+        self.epoch = 0
+        self._stop = False
+        self.decoder: DocDecoder | None = None
+        self.cancelled = 0  # decodes aborted by a rejection
+        self.discarded = 0  # drafts finished after their epoch ended
+        self.rollbacks = 0
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def resolve(self, token: int, *, accepted: bool, epoch: int) -> None:
+        with self._cond:
+            self.base.append(token)
+            if accepted and self.pending and self.pending[0] == token and epoch == self.epoch:
+                self.pending.pop(0)
+            else:
+                self.pending.clear()
+                self.epoch = epoch
+                self.rollbacks += 1
+                self.cancel.set()
+            self._cond.notify_all()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stop = True
+            self.cancel.set()
+            self._cond.notify_all()
+
+    def join(self, timeout: float | None = None) -> None:
+        self._thread.join(timeout)
+
+    def _wants_draft(self) -> bool:
+        if len(self.base) + len(self.pending) >= self.max_new_tokens:
+            return False
+        if len(self.pending) >= self.lookahead:
+            return False
+        if self.eos_id is not None and self.eos_id in self.pending:
+            return False
+        return not (self.base and self.base[-1] == self.eos_id)
+
+    def _run(self) -> None:
+        try:
+            began = time.perf_counter()
+            decoder = self._build()
+            if decoder.state is None:
+                decoder.prefill()
+            self.decoder = decoder
+            self._on_ready(decoder, time.perf_counter() - began)
+            self._loop(decoder)
+        except BaseException as exc:  # noqa: BLE001 - reported to the session, never lost
+            self._on_error(exc)
+
+    def _loop(self, decoder: DocDecoder) -> None:
+        while True:
+            with self._cond:
+                while not self._stop and not self._wants_draft():
+                    self._cond.wait()
+                if self._stop:
+                    return
+                prefix = self.base + self.pending
+                epoch = self.epoch
+                self.cancel.clear()
+            began = time.perf_counter()
+            try:
+                decoder.sync(prefix, cancel=self.cancel)
+            except Cancelled:
+                self.cancelled += 1
+                continue
+            law = decoder.law()
+            draft = self._make(
+                law, len(prefix), epoch, time.perf_counter() - began, decoder.context_len
+            )
+            with self._cond:
+                if epoch != self.epoch or self._stop:
+                    self.discarded += 1
+                    continue
+                self.pending.append(draft.token)
+            self._emit(draft)

@@ -1,0 +1,223 @@
+"""RAPID split over a network: the RAG drafter on the device (it holds C^S), the long-context
+target in the cloud (it holds C). Written against `tandem.transport.Channel`.
+
+Theory of operation (one session; every message is a VerifyRequest / VerifyResult):
+
+    device                                           cloud
+    open: VerifyRequest(seq 0, no tokens,      ->    target prompt = C + question; prefill
+          arrays {question, settings})               (device prefills C^S meanwhile)
+                                               <-    VerifyResult(seq 0, next_token -1,
+                                                                  arrays {prompt_tokens})
+    round k: draft gamma tokens from q         ->    decode the payloads into q, score the
+          VerifyRequest(seq k, position,             block in one forward pass, verify
+          tokens, codec, one payload per token,      (RapidRule: eta, mode, tail)
+          arrays {bonus: the bonus row's payload}
+          in exact mode)
+                                               <-    VerifyResult(seq k, num_accepted,
+                                                                  next_token)
+    Bye (channel.close())                      ->    session ends
+
+`settings` is UTF-8 JSON (RapidConfig's fields and the codec's name and parameters); the
+question is UTF-8 bytes. Drafts are sampled from the codec's *transmitted* law (tandem.codecs),
+which is exactly what the cloud decodes, so verification is exact. The device drafts with the
+seed, the cloud verifies with seed + 1, as the local engine does: with the same codec the
+split run emits the same tokens as `engine.rapid`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import time
+from collections.abc import Awaitable, Callable
+
+import numpy as np
+import torch
+
+from tandem.codecs import Codec, make_codec
+from tandem.errors import TandemError
+from tandem.models.base import CausalLM
+from tandem.protocols.rapid.config import RapidConfig
+from tandem.protocols.rapid.drafter import ModelDrafter
+from tandem.protocols.rapid.engine import RapidResult, eos_id, make_rule
+from tandem.protocols.rapid.prompts import drafter_prompt, target_prompt
+from tandem.protocols.rapid.states import Prefilled
+from tandem.protocols.rapid.target import TargetVerifier
+from tandem.transport import Channel, Error, VerifyRequest, VerifyResult
+
+DEFAULT_CODEC = ("top-k", {"k": 64})
+
+
+def _text_array(text: str) -> np.ndarray:
+    return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).copy()
+
+
+def _array_text(array: np.ndarray) -> str:
+    return array.astype(np.uint8).tobytes().decode("utf-8")
+
+
+async def _expect(channel: Channel, seq: int) -> VerifyResult:
+    reply = await channel.recv()
+    if isinstance(reply, Error):
+        raise TandemError(f"cloud refused the RAPID session: {reply.message}")
+    if not isinstance(reply, VerifyResult) or reply.seq != seq:
+        raise TandemError(f"unexpected reply from the cloud: {type(reply).__name__}")
+    return reply
+
+
+async def device_generate(
+    channel: Channel,
+    drafter_lm: CausalLM,
+    retrieved: str,
+    question: str,
+    config: RapidConfig,
+    *,
+    codec: tuple[str, dict] = DEFAULT_CODEC,
+) -> RapidResult:
+    """The device side of one RAPID generation; returns the tokens and the timings."""
+    name, params = codec
+    sender = make_codec(name, **params)
+    settings = {**dataclasses.asdict(config), "codec": name, "codec_params": params}
+    start = time.perf_counter()
+    sent0, received0 = channel.bytes_sent, channel.bytes_received
+    await channel.send(
+        VerifyRequest(
+            seq=0,
+            position=0,
+            tokens=(),
+            codec=name,
+            arrays={
+                "question": _text_array(question),
+                "settings": _text_array(json.dumps(settings)),
+            },
+        )
+    )
+    ids = drafter_prompt(drafter_lm.tokenizer, retrieved, question)
+    drafter_side = await asyncio.to_thread(Prefilled, drafter_lm, ids)
+    await _expect(channel, 0)
+    prefill_s = time.perf_counter() - start
+    drafter = ModelDrafter(
+        drafter_lm,
+        drafter_side.fresh(),
+        temperature=config.temperature,
+        bonus_row=config.draft_bonus_row,
+        codec=sender,
+    )
+    generator = torch.Generator().manual_seed(config.seed)
+    eos = eos_id(drafter_lm, config)
+    tokens: list[int] = []
+    per_round: list[int] = []
+    drafted, draft_s, wait_s = 0, 0.0, 0.0
+    decode_start = time.perf_counter()
+    while len(tokens) < config.max_new_tokens and (eos is None or eos not in tokens):
+        block = max(1, min(config.gamma, config.max_new_tokens - len(tokens) - 1))
+        t0 = time.perf_counter()
+        drafts, draft_probs = await asyncio.to_thread(drafter.draft, block, generator)
+        payloads = [sender.encode(row) for row in draft_probs]
+        t1 = time.perf_counter()
+        seq = len(per_round) + 1
+        bonus = {"bonus": np.frombuffer(payloads[-1], np.uint8).copy()} if drafter.bonus_row else {}
+        await channel.send(
+            VerifyRequest(
+                seq=seq,
+                position=len(tokens),
+                tokens=tuple(drafts),
+                codec=name,
+                distributions=tuple(payloads[:block]),
+                arrays=bonus,
+            )
+        )
+        reply = await _expect(channel, seq)
+        t2 = time.perf_counter()
+        drafter.accept(reply.num_accepted, reply.next_token)
+        draft_s, wait_s = draft_s + t1 - t0, wait_s + t2 - t1
+        drafted += block
+        per_round.append(reply.num_accepted)
+        tokens.extend([*drafts[: reply.num_accepted], reply.next_token])
+    decode_s = time.perf_counter() - decode_start
+    if eos is not None and eos in tokens[: config.max_new_tokens]:
+        tokens, finish = tokens[: tokens.index(eos) + 1], "eos"
+    else:
+        tokens, finish = tokens[: config.max_new_tokens], "length"
+    return RapidResult(
+        tokens=tokens,
+        text=drafter_lm.tokenizer.decode(tokens),
+        rounds=len(per_round),
+        drafted=drafted,
+        accepted=sum(per_round),
+        accepted_per_round=per_round,
+        prefill_s=prefill_s,
+        decode_s=decode_s,
+        draft_s=draft_s,
+        verify_s=wait_s,  # seen from the device: uplink + cloud verification + downlink
+        finish_reason=finish,
+        extra={
+            "uplink_bytes": channel.bytes_sent - sent0,
+            "downlink_bytes": channel.bytes_received - received0,
+            "codec": name,
+        },
+    )
+
+
+def _config_from(settings: dict) -> tuple[RapidConfig, Codec]:
+    fields = {f.name for f in dataclasses.fields(RapidConfig)}
+    config = RapidConfig(**{k: v for k, v in settings.items() if k in fields})
+    return config, make_codec(settings["codec"], **settings.get("codec_params", {}))
+
+
+async def cloud_session(channel: Channel, target_lm: CausalLM, context: str) -> None:
+    """The cloud side of RAPID sessions on one channel: the target reads `context` in full."""
+    verifier: TargetVerifier | None = None
+    codec: Codec | None = None
+    generator = torch.Generator()
+    async for msg in channel:
+        if not isinstance(msg, VerifyRequest):
+            continue
+        if msg.seq == 0:  # open (or re-open) a generation
+            try:
+                config, codec = _config_from(json.loads(_array_text(msg.arrays["settings"])))
+                question = _array_text(msg.arrays["question"])
+            except (KeyError, ValueError, TypeError, TandemError) as exc:
+                await channel.send(Error(code="rapid-open", message=str(exc).splitlines()[0]))
+                continue
+            ids = target_prompt(target_lm.tokenizer, context, question)
+            target_side = await asyncio.to_thread(Prefilled, target_lm, ids)
+            verifier = TargetVerifier(target_lm, target_side.fresh(), make_rule(config))
+            generator.manual_seed(config.seed + 1)
+            await channel.send(
+                VerifyResult(
+                    seq=0,
+                    position=0,
+                    num_accepted=0,
+                    next_token=-1,
+                    arrays={"prompt_tokens": np.array([len(ids)], dtype=np.int64)},
+                )
+            )
+            continue
+        if verifier is None or codec is None or msg.codec != codec.name:
+            await channel.send(Error(code="rapid-state", message="verify before open, or codec"))
+            continue
+        vocab = target_lm.vocab_size
+        payloads = list(msg.distributions)
+        if "bonus" in msg.arrays:  # the drafter's law at the bonus position (exact mode)
+            payloads.append(msg.arrays["bonus"].astype(np.uint8).tobytes())
+        draft_probs = torch.stack([codec.decode(p, vocab) for p in payloads])
+        verdict = await asyncio.to_thread(verifier.verify, list(msg.tokens), draft_probs, generator)
+        await channel.send(
+            VerifyResult(
+                seq=msg.seq,
+                position=msg.position,
+                num_accepted=verdict.num_accepted,
+                next_token=verdict.next_token,
+            )
+        )
+
+
+def cloud_handler(target_lm: CausalLM, context: str) -> Callable[[Channel], Awaitable[None]]:
+    """A `tandem.transport.serve` handler serving RAPID sessions over one long context."""
+
+    async def handler(channel: Channel) -> None:
+        await cloud_session(channel, target_lm, context)
+
+    return handler

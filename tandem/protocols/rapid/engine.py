@@ -1,0 +1,233 @@
+"""The RAPID loop (Algorithm 1): the RAG drafter proposes, the long-context target verifies.
+
+Words used here:
+- *round*: the drafter proposes gamma tokens (with their laws), the target scores them in one
+  forward pass and keeps `num_accepted` of them, then emits one *next token* (recovered at the
+  first rejection, or the bonus token). A round emits num_accepted + 1 tokens.
+- *acceptance rate*: accepted draft tokens / drafted tokens (the paper's Fig. 3 and Table 2).
+- *draft generator* / *verify generator*: the drafter samples with one `torch.Generator`
+  (seed), the verifier with another (seed + 1), so the same run split over a network
+  (tandem.protocols.rapid.edge) gives the same tokens as the local one.
+- timings: *prefill_s* = retrieval + target prefill + drafter prefill; *decode_s* = the
+  rounds (drafting + verification); decode throughput = tokens / decode_s (the paper's
+  speedup is a ratio of decode throughputs).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from tandem.codecs import Codec
+from tandem.errors import TandemError
+from tandem.models.base import CausalLM, State
+from tandem.protocols.rapid.config import RapidConfig, RetrievalConfig
+from tandem.protocols.rapid.drafter import Drafter, ModelDrafter
+from tandem.protocols.rapid.prompts import drafter_prompt, target_prompt
+from tandem.protocols.rapid.retrieval import RetrievedContext, retrieve
+from tandem.protocols.rapid.states import Prefilled
+from tandem.protocols.rapid.target import PlainRule, RapidRule, Rule, TargetVerifier
+from tandem.retrieval.embedder import Embedder
+from tandem.sampling.warp import sample, warp
+
+
+@dataclass
+class RapidResult:
+    tokens: list[int]
+    text: str
+    rounds: int  # forward passes of the target during decoding
+    drafted: int
+    accepted: int
+    accepted_per_round: list[int]
+    prefill_s: float
+    decode_s: float
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    finish_reason: str = "length"
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Decode throughput: generated tokens / decoding time."""
+        return len(self.tokens) / self.decode_s if self.decode_s else 0.0
+
+
+def make_rule(config: RapidConfig) -> Rule:
+    return RapidRule(
+        eta=config.eta,
+        temperature=config.temperature,
+        mode=config.mode,
+        tail=config.tail,
+        tail_ratio=config.tail_ratio,
+    )
+
+
+def eos_id(lm: CausalLM, config: RapidConfig) -> int | None:
+    return lm.tokenizer.eos_token_id if config.stop_at_eos else None
+
+
+def _finish(tokens: list[int], eos: int | None, limit: int) -> tuple[list[int], str]:
+    if eos is not None and eos in tokens[:limit]:
+        return tokens[: tokens.index(eos) + 1], "eos"
+    return tokens[:limit], "length"
+
+
+def speculative_generate(
+    target: TargetVerifier,
+    drafter: Drafter,
+    *,
+    gamma: int,
+    max_new_tokens: int,
+    seed: int,
+    eos: int | None,
+) -> RapidResult:
+    """Rounds until `max_new_tokens` tokens (or eos) are emitted. Timings exclude prefills."""
+    draft_generator = torch.Generator().manual_seed(seed)
+    verify_generator = torch.Generator().manual_seed(seed + 1)
+    tokens: list[int] = []
+    per_round: list[int] = []
+    drafted = 0
+    draft_s = verify_s = 0.0
+    start = time.perf_counter()
+    while len(tokens) < max_new_tokens and (eos is None or eos not in tokens):
+        block = max(1, min(gamma, max_new_tokens - len(tokens) - 1))
+        t0 = time.perf_counter()
+        drafts, draft_probs = drafter.draft(block, draft_generator)
+        t1 = time.perf_counter()
+        verdict = target.verify(drafts, draft_probs, verify_generator)
+        t2 = time.perf_counter()
+        drafter.accept(verdict.num_accepted, verdict.next_token)
+        draft_s, verify_s = draft_s + t1 - t0, verify_s + t2 - t1
+        drafted += block
+        per_round.append(verdict.num_accepted)
+        tokens.extend(verdict.tokens)
+    decode_s = time.perf_counter() - start
+    tokens, finish = _finish(tokens, eos, max_new_tokens)
+    return RapidResult(
+        tokens=tokens,
+        text=target.lm.tokenizer.decode(tokens),
+        rounds=len(per_round),
+        drafted=drafted,
+        accepted=sum(per_round),
+        accepted_per_round=per_round,
+        prefill_s=0.0,
+        decode_s=decode_s,
+        draft_s=draft_s,
+        verify_s=verify_s,
+        finish_reason=finish,
+    )
+
+
+def autoregressive(
+    lm: CausalLM,
+    state: State,
+    *,
+    temperature: float,
+    max_new_tokens: int,
+    seed: int,
+    eos: int | None,
+) -> RapidResult:
+    """Plain decoding from a prefilled state (the LC and RAG baselines)."""
+    generator = torch.Generator().manual_seed(seed + 1)
+    tokens: list[int] = []
+    logits = state.logits[0]
+    start = time.perf_counter()
+    for step in range(max_new_tokens):
+        token = int(sample(warp(logits, temperature=temperature), generator))
+        tokens.append(token)
+        if token == eos or step + 1 == max_new_tokens:
+            break
+        logits = lm.decode(state, [token])[0, -1]
+    decode_s = time.perf_counter() - start
+    tokens, finish = _finish(tokens, eos, max_new_tokens)
+    return RapidResult(
+        tokens=tokens,
+        text=lm.tokenizer.decode(tokens),
+        rounds=len(tokens),
+        drafted=0,
+        accepted=0,
+        accepted_per_round=[],
+        prefill_s=0.0,
+        decode_s=decode_s,
+        finish_reason=finish,
+    )
+
+
+def check_pair(target_lm: CausalLM, drafter_lm: CausalLM) -> None:
+    if target_lm.tokenizer.fingerprint != drafter_lm.tokenizer.fingerprint:
+        raise TandemError(
+            f"drafter {drafter_lm.name} and target {target_lm.name} use different tokenizers"
+        )
+
+
+def rapid(
+    target: Prefilled,
+    drafter: Prefilled,
+    config: RapidConfig,
+    *,
+    plain: bool = False,
+    codec: Codec | None = None,
+    rule: Rule | None = None,
+) -> RapidResult:
+    """RAPID rounds from prefilled prompts (target: C + question; drafter: C^S + question).
+
+    `plain=True` verifies against the target's own law: naive SD with the same RAG drafter.
+    `codec`: drafts are sampled from its transmitted law (as the edge-cloud split does).
+    `rule`: verify with this rule instead of the one `config` names (e.g. an auditing wrapper).
+    """
+    check_pair(target.lm, drafter.lm)
+    if rule is None:
+        rule = PlainRule(temperature=config.temperature) if plain else make_rule(config)
+    result = speculative_generate(
+        TargetVerifier(target.lm, target.fresh(), rule),
+        ModelDrafter(
+            drafter.lm,
+            drafter.fresh(),
+            temperature=config.temperature,
+            bonus_row=config.draft_bonus_row and not plain,
+            codec=codec,
+        ),
+        gamma=config.gamma,
+        max_new_tokens=config.max_new_tokens,
+        seed=config.seed,
+        eos=eos_id(target.lm, config),
+    )
+    result.prefill_s = target.prefill_s + drafter.prefill_s
+    return result
+
+
+def run_rapid(
+    target_lm: CausalLM,
+    drafter_lm: CausalLM,
+    context: str,
+    question: str,
+    *,
+    config: RapidConfig,
+    embedder: Embedder | None = None,
+    retrieval: RetrievalConfig | None = None,
+    retrieved: RetrievedContext | None = None,
+    plain: bool = False,
+) -> RapidResult:
+    """One RAPID generation from text: retrieve C^S (unless given), prefill both, run rounds."""
+    check_pair(target_lm, drafter_lm)
+    if retrieved is None:
+        if embedder is None:
+            raise TandemError("RAPID needs an embedder to retrieve the drafter's context")
+        retrieved = retrieve(context, question, drafter_lm.tokenizer, embedder, retrieval)
+    target = Prefilled(target_lm, target_prompt(target_lm.tokenizer, context, question))
+    drafter = Prefilled(drafter_lm, drafter_prompt(drafter_lm.tokenizer, retrieved.text, question))
+    result = rapid(target, drafter, config, plain=plain)
+    result.prefill_s += retrieved.retrieve_s
+    result.extra.update(
+        retrieved_tokens=retrieved.tokens,
+        context_tokens=retrieved.context_tokens,
+        budget=retrieved.budget,
+        retrieve_s=retrieved.retrieve_s,
+    )
+    return result

@@ -1,0 +1,129 @@
+"""Entry points behind `tandem rapid ...`: whole runs from model names, files and flags.
+
+- `run_local`: retrieve, then RAPID (and, with `compare`, the LC and SD baselines on the same
+  prefills) on one machine.
+- `serve_cloud` / `run_device`: the edge-cloud split over TCP (`tandem.transport`); the cloud
+  holds the long context, the device retrieves C^S from its own copy of the text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from tandem.models.base import CausalLM
+from tandem.protocols.rapid.config import RapidConfig, RetrievalConfig
+from tandem.protocols.rapid.engine import RapidResult, check_pair, rapid
+from tandem.protocols.rapid.prompts import drafter_prompt, target_prompt
+from tandem.protocols.rapid.retrieval import retrieve
+from tandem.protocols.rapid.states import Prefilled
+
+
+def summary(name: str, result: RapidResult) -> dict[str, Any]:
+    return {
+        "method": name,
+        "tokens": len(result.tokens),
+        "prefill_s": round(result.prefill_s, 3),
+        "decode_s": round(result.decode_s, 3),
+        "tokens_per_s": round(result.tokens_per_s, 3),
+        "acceptance": round(result.acceptance_rate, 3) if result.drafted else None,
+        "text": result.text,
+    }
+
+
+def run_local(
+    target_lm: CausalLM,
+    drafter_lm: CausalLM,
+    context: str,
+    question: str,
+    *,
+    config: RapidConfig,
+    retrieval: RetrievalConfig,
+    embedder_name: str,
+    compare: bool = False,
+) -> list[dict[str, Any]]:
+    """RAPID on one machine; with `compare`, LC and SD too (sharing the prefills)."""
+    from tandem.baselines.rapid_baselines import lc, sd
+    from tandem.retrieval.embedder import load_embedder
+
+    check_pair(target_lm, drafter_lm)
+    retrieved = retrieve(
+        context, question, drafter_lm.tokenizer, load_embedder(embedder_name), retrieval
+    )
+    target = Prefilled(target_lm, target_prompt(target_lm.tokenizer, context, question))
+    drafter = Prefilled(drafter_lm, drafter_prompt(drafter_lm.tokenizer, retrieved.text, question))
+    rows = [summary(f"rapid-{config.mode}", rapid(target, drafter, config))]
+    if compare:
+        rows.append(summary("sd", sd(target, drafter, config)))
+        rows.append(summary("lc", lc(target, config)))
+    for row in rows:
+        row.update(
+            context_tokens=retrieved.context_tokens,
+            retrieved_tokens=retrieved.tokens,
+            retrieve_s=round(retrieved.retrieve_s, 3),
+        )
+    return rows
+
+
+async def _serve(target_lm: CausalLM, context: str, host: str, port: int, secret: bytes) -> None:
+    from tandem.protocols.rapid.edge import cloud_handler
+    from tandem.transport import TransportConfig, serve
+
+    config = TransportConfig(
+        secret=secret,
+        role="cloud",
+        tokenizer_hash=target_lm.tokenizer.fingerprint,
+        vocab_size=target_lm.vocab_size,
+        model_name=target_lm.name,
+    )
+    server = await serve(cloud_handler(target_lm, context), host, port, config=config)
+    print(f"RAPID cloud serving {target_lm.name} on {host}:{server.port}", flush=True)
+    await server.serve_forever()
+
+
+def serve_cloud(target_lm: CausalLM, context: str, *, host: str, port: int, secret: bytes) -> None:
+    asyncio.run(_serve(target_lm, context, host, port, secret))
+
+
+def run_device(
+    drafter_lm: CausalLM,
+    local_text: str,
+    question: str,
+    *,
+    host: str,
+    port: int,
+    secret: bytes,
+    config: RapidConfig,
+    retrieval: RetrievalConfig,
+    embedder_name: str,
+    codec: tuple[str, dict],
+) -> dict[str, Any]:
+    """Retrieve C^S from the device's own text, then draft for the cloud's target."""
+    from tandem.protocols.rapid.edge import device_generate
+    from tandem.retrieval.embedder import load_embedder
+    from tandem.transport import TransportConfig, connect
+
+    retrieved = retrieve(
+        local_text, question, drafter_lm.tokenizer, load_embedder(embedder_name), retrieval
+    )
+
+    async def main() -> RapidResult:
+        transport = TransportConfig(
+            secret=secret,
+            role="device",
+            tokenizer_hash=drafter_lm.tokenizer.fingerprint,
+            vocab_size=drafter_lm.vocab_size,
+            model_name=drafter_lm.name,
+        )
+        channel = await connect(host, port, config=transport)
+        try:
+            return await device_generate(
+                channel, drafter_lm, retrieved.text, question, config, codec=codec
+            )
+        finally:
+            await channel.close()
+
+    result = asyncio.run(main())
+    row = summary(f"rapid-{config.mode} (edge)", result)
+    row.update(retrieved_tokens=retrieved.tokens, **result.extra)
+    return row

@@ -1,0 +1,168 @@
+"""The cloud's asyncio layer: pumps a `Verifier` over a `Channel` for one session.
+
+Theory of operation. The first message is the device's start message (prompt + settings).
+The cloud prefills the target, says ready, then loops: take every message that has arrived,
+join contiguous requests of the current epoch into one (fast verification: whatever prefix
+of a block is here gets verified now, in one forward pass), drop stale ones, verify in a
+worker thread and send the verdict at once. A device Interrupt sets the verifier's cancel
+event (the target stops between layers) and rolls the cloud back. The session ends with the
+device's end message (answered with the cloud's measurements) or when the channel closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+from tandem.codecs import make_codec
+from tandem.errors import TandemError
+from tandem.models.base import Cancelled, CausalLM
+from tandem.protocols.spec import wire
+from tandem.protocols.spec.config import SpecConfig
+from tandem.protocols.spec.verifier import Request, Verifier, merge
+from tandem.transport import ChannelClosed, Interrupt, TransportError, VerifyRequest
+
+
+def parse_start(msg) -> tuple[SpecConfig, list[int], str]:
+    """(config, prompt ids, mode) of a start message; ValueError / TandemError if bad."""
+    if wire.control_kind(msg) != wire.START:
+        raise ValueError("expected a spec start message")
+    body = wire.control_body(msg)
+    config = SpecConfig.from_json(dict(body.get("config", {})))
+    prompt = [int(t) for t in msg.tokens]
+    if not prompt:
+        raise ValueError("empty prompt")
+    return config, prompt, str(body.get("mode", "spec"))
+
+
+class CloudSession:
+    """One speculative session on the cloud side."""
+
+    def __init__(self, channel, lm: CausalLM, config: SpecConfig, prompt: list[int]) -> None:
+        self.channel = channel
+        self.lm = lm
+        self.config = config
+        self.verifier = Verifier(lm, prompt, config, eos_id=lm.tokenizer.eos_token_id)
+        self.codec = None if config.separate else make_codec(config.codec, **config.codec_params)
+        self.inbox: asyncio.Queue = asyncio.Queue()
+        self.stats: dict = {
+            "model": getattr(lm, "name", ""),
+            "prefill_s": 0.0,
+            "verify_s": [],
+            "requests": 0,
+            "stale_requests": 0,
+            "merged_requests": 0,
+            "interrupts": 0,
+            "cancelled_verifications": 0,
+        }
+        self.output: list[int] = []
+
+    async def run(self) -> dict:
+        reader = asyncio.get_running_loop().create_task(self._read())
+        try:
+            start = time.perf_counter()
+            await asyncio.to_thread(self.verifier.prefill)
+            self.stats["prefill_s"] = time.perf_counter() - start
+            await self.channel.send(
+                wire.control_message(
+                    wire.READY, {"model": self.stats["model"], "prefill_s": self.stats["prefill_s"]}
+                )
+            )
+            await self._loop()
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+        return self.stats
+
+    async def _read(self) -> None:
+        try:
+            while True:
+                msg = await self.channel.recv()
+                if isinstance(msg, Interrupt):
+                    self.verifier.cancel.set()
+                self.inbox.put_nowait(msg)
+        except TransportError:
+            self.verifier.cancel.set()
+            self.inbox.put_nowait(None)
+
+    async def _loop(self) -> None:
+        while True:
+            batch = [await self.inbox.get()]
+            while not self.inbox.empty():
+                batch.append(self.inbox.get_nowait())
+            requests: list[Request] = []
+            for msg in batch:
+                if msg is None:
+                    return  # the device is gone
+                if isinstance(msg, VerifyRequest):
+                    self.stats["requests"] += 1
+                    requests.append(
+                        wire.parse_request(
+                            msg,
+                            codec_name=self.config.codec,
+                            codec=self.codec,
+                            vocab_size=self.lm.vocab_size,
+                        )
+                    )
+                elif isinstance(msg, Interrupt):
+                    self.stats["interrupts"] += 1
+                    requests.clear()  # everything sent before the interrupt is void
+                    self.verifier.rollback(msg.position, msg.seq)
+                elif wire.control_kind(msg) == wire.END:
+                    self.output = [int(t) for t in msg.tokens]
+                    await self._send_stats()
+                    return
+            await self._verify_all(requests)
+
+    async def _verify_all(self, requests: list[Request]) -> None:
+        merged = merge(requests)
+        self.stats["merged_requests"] += len(requests) - len(merged)
+        for request in merged:
+            if not self.verifier.accepts(request):
+                self.stats["stale_requests"] += 1
+                continue
+            self.verifier.cancel.clear()
+            try:
+                result = await asyncio.to_thread(self.verifier.verify, request)
+            except Cancelled:
+                self.stats["cancelled_verifications"] += 1
+                return  # an Interrupt is waiting in the inbox
+            self.stats["verify_s"].append(result.verify_s)
+            await self.channel.send(wire.result_message(result))
+
+    async def _send_stats(self) -> None:
+        stats = dict(self.stats)
+        stats["forward_passes"] = self.verifier.forward_passes
+        stats["bytes_sent"] = self.channel.bytes_sent
+        stats["bytes_received"] = self.channel.bytes_received
+        stats["agrees_with_device"] = (
+            self.verifier.committed == self.output[: self.verifier.frontier]
+        )
+        with contextlib.suppress(TransportError):
+            await self.channel.send(wire.control_message(wire.STATS, stats))
+
+
+async def serve_session(channel, lm: CausalLM, *, first=None) -> dict | None:
+    """The cloud side of one speculative session; returns the cloud's stats, or None if the
+    peer left or sent a bad start message (it is told why)."""
+    try:
+        msg = first if first is not None else await channel.recv()
+    except ChannelClosed:
+        return None
+    try:
+        config, prompt, mode = parse_start(msg)
+        if mode != "spec":
+            raise ValueError(f"mode {mode!r} is not served by the spec session")
+    except (ValueError, TypeError, TandemError) as exc:
+        with contextlib.suppress(TransportError):
+            await channel.send(wire.error_message(f"bad start message: {exc}"))
+        return None
+    session = CloudSession(channel, lm, config, prompt)
+    try:
+        return await session.run()
+    except (ValueError, TandemError) as exc:
+        with contextlib.suppress(TransportError):
+            await channel.send(wire.error_message(str(exc)))
+        return None

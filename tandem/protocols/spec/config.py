@@ -1,0 +1,107 @@
+"""Settings of one edge-cloud speculative decoding session, shared by both sides.
+
+Words used here:
+- *pipeline*: "sync" = stop-and-wait (draft a block, send it, wait for the verdict) or
+  "async" = PicoSpec's pipeline (keep drafting while earlier blocks are verified).
+- *codec*: how draft distributions go up. A `tandem.codecs` name ("dense", "k-sqs", "c-sqs",
+  "top-k", "top-p", "identity"), or "separate" = PicoSpec's separate rejection sampling: only
+  the draft tokens and their draft probabilities go up; on a rejection the cloud sends the
+  top-`downlink_k` of its distribution and the device resamples (approximate, see separate.py).
+- *block*: the `draft_len` (gamma) tokens the device drafts before sending; a *chunk* is what
+  one VerifyRequest carries (a block, or part of one under fast verification / truncation).
+- *position*: index of a generated token (0 = the first new token).
+- *position generator*: every random draw is made with a generator seeded from
+  (seed, purpose, position), so the output does not depend on timing, chunking or the link.
+
+The device chooses the settings and sends them in its start message, so both sides agree.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, dataclass, field, fields
+
+import torch
+
+from tandem.errors import TandemError
+
+PIPELINES = ("sync", "async")
+SEPARATE = "separate"
+CODECS = ("dense", SEPARATE, "k-sqs", "c-sqs", "top-k", "top-p", "identity")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpecConfig:
+    """Everything both sides must agree on for one speculative generation."""
+
+    pipeline: str = "sync"
+    codec: str = "dense"
+    codec_params: dict[str, float] = field(default_factory=dict)
+    draft_len: int = 4  # gamma: tokens per block (PicoSpec default 4)
+    bit_budget: int | None = None  # SQS-SD B: most payload bits per block (None: no budget)
+    downlink_k: int = 10  # separate: target top-K sent down on a rejection (PicoSpec: 10)
+    fast_verify: bool = True  # async: the first chunk of each epoch is sent at once
+    first_chunk: int = 1  # async + fast_verify: tokens in that first ("pre-verify") chunk
+    lookahead_blocks: int = 0  # async: most blocks drafted ahead of the verified frontier
+    # (0 = auto: enough blocks to keep drafting through one request's round trip, >= 2)
+    truncate_factor: float = 2.0  # async: send a partial block once drafting it took this
+    # many times its expected time (latency-aware truncation; 0 = off)
+    temperature: float = 0.0  # 0 = greedy
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int = 0
+    max_new_tokens: int = 64
+    stop_at_eos: bool = True
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.pipeline in PIPELINES, f"pipeline must be one of {', '.join(PIPELINES)}"),
+            (self.codec in CODECS, f"codec must be one of {', '.join(CODECS)}"),
+            (self.draft_len >= 1, "draft_len must be >= 1"),
+            (self.bit_budget is None or self.bit_budget >= 1, "bit_budget must be >= 1"),
+            (self.downlink_k >= 1, "downlink_k must be >= 1"),
+            (1 <= self.first_chunk <= self.draft_len, "first_chunk must be in 1..draft_len"),
+            (self.lookahead_blocks >= 0, "lookahead_blocks must be >= 0 (0 = auto)"),
+            (self.truncate_factor >= 0, "truncate_factor must be >= 0"),
+            (self.temperature >= 0, "temperature must be >= 0"),
+            (self.top_k is None or self.top_k >= 1, "top_k must be >= 1"),
+            (self.top_p is None or 0 < self.top_p <= 1, "top_p must be in (0, 1]"),
+            (self.max_new_tokens >= 1, "max_new_tokens must be >= 1"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise TandemError(f"spec: {message}")
+        object.__setattr__(self, "codec_params", dict(self.codec_params))
+
+    @property
+    def separate(self) -> bool:
+        return self.codec == SEPARATE
+
+    @property
+    def lookahead(self) -> int:
+        """Most unverified drafts the device holds at first (sync: one block; async auto: two
+        blocks until the device has measured a round trip)."""
+        if self.pipeline == "sync":
+            return self.draft_len
+        return (self.lookahead_blocks or 2) * self.draft_len
+
+    def sampling(self) -> dict:
+        """Keyword arguments of `tandem.sampling.warp.warp`."""
+        return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p}
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> SpecConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise TandemError(f"spec: unknown settings {', '.join(sorted(unknown))}")
+        return cls(**data)
+
+
+def position_generator(seed: int, purpose: str, position: int) -> torch.Generator:
+    """A generator for one draw: purpose "draft", "verify" or "resample" at `position`."""
+    digest = hashlib.blake2b(f"{seed}:{purpose}:{position}".encode(), digest_size=8).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest, "little") >> 1)

@@ -1,0 +1,84 @@
+"""A model plus the token sequence it conditions on, fed lazily (one side's KV bookkeeping).
+
+Words used here:
+- *ids*: prompt + output tokens this side currently believes in (committed and, on the
+  device, drafted). *fed*: how many of them are in the KV cache (`state.seq_len`); the rest
+  are *pending* and get fed with the next forward pass, together with any new tokens.
+- *rows*: next-token logits. `logits(extra)` returns len(extra) + 1 rows: the row that
+  predicts extra[0], ..., and the row after the last one (the *bonus* row).
+
+Rollback is `truncate(n)`: keep prompt + n output tokens and crop the cache to match.
+Cancellation comes from the backend: a cancelled decode leaves the state (and `ids`) as they
+were, so a caller can always retry or roll back.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+import torch
+
+from tandem.models.base import CausalLM, State
+
+
+class LMContext:
+    """One side's model state: `ids` with a lazily fed KV cache."""
+
+    def __init__(self, lm: CausalLM, prompt_ids: Sequence[int]) -> None:
+        if not prompt_ids:
+            raise ValueError("the prompt must have at least one token")
+        self.lm = lm
+        self.ids: list[int] = [int(t) for t in prompt_ids]
+        self.prompt_len = len(self.ids)
+        self.state: State | None = None
+        self.forward_passes = 0  # decode calls that completed
+
+    def prefill(self, cancel: threading.Event | None = None) -> None:
+        self.state = self.lm.prefill(self.ids, cancel=cancel)
+
+    @property
+    def fed(self) -> int:
+        return self.state.seq_len if self.state is not None else 0
+
+    @property
+    def output(self) -> list[int]:
+        return self.ids[self.prompt_len :]
+
+    def append(self, tokens: Sequence[int]) -> None:
+        """Add tokens to the sequence; they are fed with the next forward pass."""
+        self.ids.extend(int(t) for t in tokens)
+
+    def truncate(self, num_output: int) -> None:
+        """Keep the prompt and the first `num_output` output tokens (rollback)."""
+        length = self.prompt_len + num_output
+        assert num_output >= 0 and length <= len(self.ids), (num_output, len(self.ids))
+        del self.ids[length:]
+        if self.state is not None and self.state.seq_len > length:
+            self.lm.crop(self.state, length)
+
+    def logits(
+        self, extra: Sequence[int] = (), cancel: threading.Event | None = None
+    ) -> torch.Tensor:  # [len(extra) + 1, vocab]
+        """Feed pending + `extra` tokens in one forward pass; `extra` joins `ids` on success."""
+        assert self.state is not None, "prefill first"
+        extra = [int(t) for t in extra]
+        if self.fed == len(self.ids) and self.state.logits is None:
+            self._unfeed_last()  # a crop dropped the kept logits: recompute the last row
+        pending = self.ids[self.fed :]
+        if not pending and not extra:
+            return self.state.logits[0:1].clone()
+        before = self.state.logits
+        out = self.lm.decode(self.state, pending + extra, cancel=cancel)[0]  # [n, vocab]
+        self.forward_passes += 1
+        self.ids.extend(extra)
+        if pending:
+            return out[len(pending) - 1 :]
+        return torch.cat([before[0:1], out])
+
+    def _unfeed_last(self) -> None:
+        """Make the last fed token pending again (or re-prefill a one-token context)."""
+        if self.fed > 1:
+            self.lm.crop(self.state, self.fed - 1)
+        else:
+            self.state = self.lm.prefill(self.ids[:1])

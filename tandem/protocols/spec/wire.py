@@ -1,0 +1,163 @@
+"""Speculative decoding's events as `tandem.transport` messages (the only module that knows
+the mapping).
+
+    event                          message
+    start (device -> cloud)        DraftTokens, codec "spec.start", position -1,
+                                   tokens = prompt ids, arrays["body"] = uint8 JSON
+                                   {"mode": "spec" | "ar", "config": SpecConfig}
+    ready (cloud -> device)        DraftTokens, codec "spec.ready", body {model, prefill_s}
+    verify request                 VerifyRequest: position of tokens[0], tokens = fixed + drafts,
+                                   codec, distributions = one payload per draft (none under
+                                   separate rejection), arrays: meta = int64 [epoch, num_fixed,
+                                   final], draft_at = float32 [drafts] (separate only)
+    verdict (the interrupt)        VerifyResult: position of the first draft, num_accepted,
+                                   next_token (-1: none), payload = top-K target row with codec
+                                   "top-k" (separate rejection), arrays: meta = int64 [epoch,
+                                   rejected], verify_s = float64 [1]. A rejection is PicoSpec's
+                                   interrupt: the device stops drafting as soon as it arrives.
+    device interrupt               Interrupt: seq = the epoch the device continues with,
+                                   position = output tokens kept (the cloud rolls back)
+    end (device -> cloud)          DraftTokens, codec "spec.end", tokens = the output
+    stats (cloud -> device)        DraftTokens, codec "spec.stats", body = cloud measurements
+    cloud AR token                 TargetToken: position, token (baseline "ar")
+    failure                        Error, code "spec"
+
+The transport has no session-start message, so start/ready/end/stats ride on DraftTokens with
+a reserved codec name and position -1 (never a real draft), as DRAGON's do.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import torch
+
+from tandem.codecs import Codec
+from tandem.protocols.spec.config import SEPARATE
+from tandem.protocols.spec.drafter import Chunk
+from tandem.protocols.spec.separate import sparse_draft_rows
+from tandem.protocols.spec.verifier import Request, Result
+from tandem.transport import DraftTokens, Error, Interrupt, VerifyRequest, VerifyResult
+
+START, READY, END, STATS = "spec.start", "spec.ready", "spec.end", "spec.stats"
+CONTROL = (START, READY, END, STATS)
+
+
+def control_message(kind: str, body: dict, tokens: tuple[int, ...] = ()) -> DraftTokens:
+    blob = np.frombuffer(json.dumps(body).encode(), dtype=np.uint8)
+    return DraftTokens(seq=0, position=-1, tokens=tokens, codec=kind, arrays={"body": blob})
+
+
+def control_kind(msg: object) -> str | None:
+    """START / READY / END / STATS for a control message, None for anything else."""
+    if isinstance(msg, DraftTokens) and msg.position < 0 and msg.codec in CONTROL:
+        return msg.codec
+    return None
+
+
+def control_body(msg: DraftTokens) -> dict:
+    blob = msg.arrays.get("body")
+    try:
+        body = json.loads(blob.tobytes().decode()) if blob is not None else None
+    except (ValueError, UnicodeDecodeError):
+        body = None
+    if not isinstance(body, dict):
+        raise ValueError(f"malformed {msg.codec} message")
+    return body
+
+
+def request_message(seq: int, chunk: Chunk, codec_name: str) -> VerifyRequest:
+    arrays = {"meta": np.array([chunk.epoch, len(chunk.fixed), int(chunk.final)], dtype=np.int64)}
+    if codec_name == SEPARATE:
+        arrays["draft_at"] = np.array([d.draft_at for d in chunk.drafts], dtype=np.float32)
+        payloads: tuple[bytes, ...] = ()
+    else:
+        payloads = tuple(d.payload for d in chunk.drafts)
+    return VerifyRequest(
+        seq=seq,
+        position=chunk.position,
+        tokens=chunk.tokens,
+        codec=codec_name,
+        distributions=payloads,
+        arrays=arrays,
+    )
+
+
+def parse_request(
+    msg: VerifyRequest, *, codec_name: str, codec: Codec | None, vocab_size: int
+) -> Request:
+    """The cloud's view of a request, draft rows decoded; ValueError if malformed."""
+    meta = msg.arrays.get("meta")
+    if msg.codec != codec_name or meta is None or meta.shape != (3,):
+        raise ValueError(f"verify request with codec {msg.codec!r} or meta missing")
+    epoch, num_fixed, final = (int(x) for x in meta)
+    tokens = tuple(int(t) for t in msg.tokens)
+    if not 0 <= num_fixed <= len(tokens) or any(not 0 <= t < vocab_size for t in tokens):
+        raise ValueError("verify request with bad fixed count or token ids")
+    fixed, drafts = tokens[:num_fixed], tokens[num_fixed:]
+    rows = None
+    if drafts and codec is None:
+        draft_at = msg.arrays.get("draft_at")
+        if draft_at is None or draft_at.shape != (len(drafts),):
+            raise ValueError("separate verify request without one draft_at per draft")
+        values = torch.from_numpy(draft_at.astype(np.float32))
+        if not bool(((values > 0) & (values <= 1)).all()):
+            raise ValueError("draft_at outside (0, 1]")
+        rows = sparse_draft_rows(torch.tensor(drafts), values, vocab_size)
+    elif drafts:
+        if len(msg.distributions) != len(drafts):
+            raise ValueError("verify request without one distribution per draft")
+        rows = torch.stack([codec.decode(p, vocab_size) for p in msg.distributions])
+        at = rows.gather(1, torch.tensor(drafts).view(-1, 1))
+        if not bool((at > 0).all()):
+            raise ValueError("a draft token is outside its sent distribution's support")
+    return Request(
+        seq=msg.seq,
+        epoch=epoch,
+        position=msg.position,
+        fixed=fixed,
+        drafts=drafts,
+        draft_rows=rows,
+        final=bool(final),
+    )
+
+
+def result_message(result: Result) -> VerifyResult:
+    return VerifyResult(
+        seq=result.seq,
+        position=result.position,
+        num_accepted=result.num_accepted,
+        next_token=-1 if result.next_token is None else result.next_token,
+        codec="top-k" if result.target_payload else "",
+        payload=result.target_payload,
+        arrays={
+            "meta": np.array([result.epoch, int(result.rejected)], dtype=np.int64),
+            "verify_s": np.array([result.verify_s], dtype=np.float64),
+        },
+    )
+
+
+def parse_result(msg: VerifyResult) -> dict:
+    """Fields of a verdict as `Drafter.apply` takes them, plus `verify_s` and `rejected`."""
+    meta = msg.arrays.get("meta")
+    verify_s = msg.arrays.get("verify_s")
+    if meta is None or meta.shape != (2,) or verify_s is None or verify_s.shape != (1,):
+        raise ValueError("malformed verify result")
+    return {
+        "epoch": int(meta[0]),
+        "position": msg.position,
+        "num_accepted": msg.num_accepted,
+        "next_token": None if msg.next_token < 0 else msg.next_token,
+        "target_payload": msg.payload,
+        "rejected": bool(meta[1]),
+        "verify_s": float(verify_s[0]),
+    }
+
+
+def interrupt_message(epoch: int, position: int, reason: str = "") -> Interrupt:
+    return Interrupt(seq=epoch, position=position, reason=reason)
+
+
+def error_message(text: str) -> Error:
+    return Error(code="spec", message=text[:4000])

@@ -1,0 +1,126 @@
+"""The SQLite docstore of an index: one row per chunk, row number = faiss vector id.
+
+Words used here:
+- *row*: a chunk's position in the index (0..n-1); the faiss index holds the chunk's vector
+  under the same number, so a search hit's id is a row here.
+- *meta*: a document's metadata, stored as JSON text (never pickled).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterable
+from pathlib import Path
+
+from tandem.errors import TandemError
+from tandem.retrieval.chunking import Chunk
+
+SCHEMA = """
+CREATE TABLE chunks (
+    row INTEGER PRIMARY KEY,
+    key TEXT NOT NULL,
+    doc_id TEXT NOT NULL,
+    position INTEGER NOT NULL,
+    start INTEGER NOT NULL,
+    end INTEGER NOT NULL,
+    n_tokens INTEGER NOT NULL,
+    text TEXT NOT NULL,
+    source TEXT NOT NULL,
+    meta TEXT NOT NULL
+);
+CREATE INDEX chunks_doc ON chunks (doc_id, position);
+"""
+COLUMNS = "key, doc_id, position, start, end, n_tokens, text, source, meta"
+
+
+def write_docstore(path: Path, chunks: Iterable[Chunk]) -> int:
+    """Create a new docstore file holding `chunks` as rows 0..n-1; returns n."""
+    connection = sqlite3.connect(path)
+    try:
+        connection.executescript(SCHEMA)
+        rows = (
+            (
+                i,
+                c.key,
+                c.doc_id,
+                c.position,
+                c.start,
+                c.end,
+                c.n_tokens,
+                c.text,
+                c.source,
+                json.dumps(dict(c.meta), sort_keys=True),
+            )
+            for i, c in enumerate(chunks)
+        )
+        connection.executemany(
+            f"INSERT INTO chunks (row, {COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?)", rows
+        )
+        connection.commit()
+        (count,) = connection.execute("SELECT COUNT(*) FROM chunks").fetchone()
+    finally:
+        connection.close()
+    return int(count)
+
+
+def _chunk(record: tuple) -> Chunk:
+    key, doc_id, position, start, end, n_tokens, text, source, meta = record
+    return Chunk(
+        key=key,
+        doc_id=doc_id,
+        position=position,
+        start=start,
+        end=end,
+        n_tokens=n_tokens,
+        text=text,
+        source=source,
+        meta=json.loads(meta),
+    )
+
+
+class DocStore:
+    """Read access to a docstore file (read-only connection)."""
+
+    def __init__(self, path: Path):
+        if not Path(path).is_file():
+            raise TandemError(f"index docstore missing: {path}")
+        self.connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
+
+    def __len__(self) -> int:
+        (count,) = self.connection.execute("SELECT COUNT(*) FROM chunks").fetchone()
+        return int(count)
+
+    def get(self, rows: list[int]) -> list[Chunk]:
+        """Chunks at the given rows, in the given order."""
+        if not rows:
+            return []
+        marks = ",".join("?" * len(rows))
+        found = {
+            r[0]: _chunk(r[1:])
+            for r in self.connection.execute(
+                f"SELECT row, {COLUMNS} FROM chunks WHERE row IN ({marks})", [int(r) for r in rows]
+            )
+        }
+        missing = [r for r in rows if r not in found]
+        if missing:
+            raise TandemError(f"index is corrupt: docstore lacks rows {missing[:5]}")
+        return [found[r] for r in rows]
+
+    def all(self) -> list[Chunk]:
+        """Every chunk, by row."""
+        return [
+            _chunk(r) for r in self.connection.execute(f"SELECT {COLUMNS} FROM chunks ORDER BY row")
+        ]
+
+    def document(self, doc_id: str) -> list[Chunk]:
+        """The chunks of one document, in position order."""
+        return [
+            _chunk(r)
+            for r in self.connection.execute(
+                f"SELECT {COLUMNS} FROM chunks WHERE doc_id = ? ORDER BY position", (doc_id,)
+            )
+        ]
+
+    def close(self) -> None:
+        self.connection.close()

@@ -1,0 +1,59 @@
+"""The device runtime: one generation in a given mode, against a cloud or alone.
+
+    mode     what runs                                          network
+    spec     speculative decoding (sync / async pipeline)       yes
+    ar       cloud autoregressive baseline (tokens streamed)    yes
+    local    the device model alone                             no
+
+`run_generation` connects (for the network modes), runs, closes, and returns a SpecReport.
+Connection problems surface as one-line TandemErrors (`ConnectError`, `HandshakeError`).
+"""
+
+from __future__ import annotations
+
+from tandem.errors import TandemError
+from tandem.models.base import CausalLM
+from tandem.protocols.spec.config import SpecConfig
+from tandem.protocols.spec.device import OnToken, run_device
+from tandem.protocols.spec.stats import SpecReport
+from tandem.transport import TransportConfig, connect
+
+DEVICE_MODES = ("spec", "ar", "local")
+
+
+def device_transport(lm: CausalLM, *, secret: bytes | str | None, **kwargs) -> TransportConfig:
+    """The device's TransportConfig for a model (the handshake checks the tokenizer)."""
+    return TransportConfig(
+        secret=secret,
+        role="device",
+        tokenizer_hash=lm.tokenizer.fingerprint,
+        vocab_size=lm.vocab_size,
+        model_name=getattr(lm, "name", ""),
+        **kwargs,
+    )
+
+
+async def run_generation(
+    mode: str,
+    *,
+    lm: CausalLM,
+    prompt_ids: list[int],
+    config: SpecConfig,
+    host: str = "127.0.0.1",
+    port: int = 7700,
+    transport: TransportConfig | None = None,
+    on_token: OnToken | None = None,
+) -> SpecReport:
+    """One generation in `mode` (see the module docstring)."""
+    from tandem.baselines.spec_baselines import run_cloud_ar, run_device_only
+
+    if mode not in DEVICE_MODES:
+        raise TandemError(f"unknown mode {mode!r}; choose one of {', '.join(DEVICE_MODES)}")
+    if not prompt_ids:
+        raise TandemError("the prompt is empty")
+    if mode == "local":
+        return run_device_only(lm, prompt_ids, config, on_token=on_token)
+    channel = await connect(host, port, config=transport or device_transport(lm, secret=None))
+    if mode == "ar":
+        return await run_cloud_ar(channel, lm.tokenizer, prompt_ids, config, on_token=on_token)
+    return await run_device(channel, lm, prompt_ids, config, on_token=on_token)

@@ -1,0 +1,219 @@
+"""Every codec: decode(encode(probs)) == transmitted_probs(probs) bit for bit, the payload is
+ceil(bits / 8) bytes, the TV error is within the stated bound, and bad bytes fail cleanly."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tandem.codecs import (
+    CODEC_NAMES,
+    CodecError,
+    DenseCodec,
+    TopKCodec,
+    TopPCodec,
+    make_codec,
+    tv_distance,
+)
+from tandem.errors import TandemError
+
+QWEN_VOCAB = 151_936
+SMALL_PARAMS = {"top-k": {"k": 4}, "k-sqs": {"k": 4, "ell": 20}, "c-sqs": {"ell": 20}}
+
+
+def softmax(vocab: int, scale: float, seed: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.softmax(torch.randn(vocab, generator=generator) * scale, dim=-1)
+
+
+def one_hot(vocab: int, token: int) -> torch.Tensor:
+    probs = torch.zeros(vocab)
+    probs[token] = 1.0
+    return probs
+
+
+def with_zeros(vocab: int, seed: int) -> torch.Tensor:
+    probs = softmax(vocab, 2.0, seed)
+    probs[::3] = 0.0
+    return probs / probs.sum()
+
+
+DISTRIBUTIONS = {
+    "one-hot-first": lambda: one_hot(50, 0),
+    "one-hot-last-qwen": lambda: one_hot(QWEN_VOCAB, QWEN_VOCAB - 1),
+    "uniform": lambda: torch.full((64,), 1 / 64),
+    "uniform-qwen": lambda: torch.full((QWEN_VOCAB,), 1 / QWEN_VOCAB),
+    "peaked-qwen": lambda: softmax(QWEN_VOCAB, 6.0, 0),
+    "flat-qwen": lambda: softmax(QWEN_VOCAB, 1.0, 1),
+    "zeros": lambda: with_zeros(200, 2),
+    "two-tokens": lambda: torch.tensor([0.0, 0.3, 0.0, 0.7]),
+    "vocab-1": lambda: torch.ones(1),
+    "vocab-2": lambda: torch.tensor([0.5, 0.5]),
+    "unnormalized": lambda: torch.tensor([2.0, 1.0, 1.0, 0.0, 4.0]),
+}
+
+
+@pytest.mark.parametrize("name", CODEC_NAMES)
+@pytest.mark.parametrize("dist", DISTRIBUTIONS)
+def test_round_trip_is_exact_and_within_bound(name, dist):
+    codec = make_codec(name)
+    probs = DISTRIBUTIONS[dist]()
+    vocab = probs.shape[0]
+    data = codec.encode(probs)
+    decoded = codec.decode(data, vocab)
+    sent = codec.transmitted_probs(probs)
+    assert decoded.dtype == torch.float32 and decoded.shape == (vocab,)
+    assert torch.equal(decoded, sent)
+    assert len(data) == math.ceil(codec.bits(probs) / 8)
+    assert (sent >= 0).all()
+    if name != "identity":  # identity passes the values through unnormalized
+        assert abs(float(sent.double().sum()) - 1) < 1e-5
+    assert tv_distance(probs, sent) <= codec.tv_bound(probs)
+
+
+@pytest.mark.parametrize("name", CODEC_NAMES)
+def test_small_parameters_round_trip(name):
+    codec = make_codec(name, **SMALL_PARAMS.get(name, {}))
+    for seed in range(20):
+        probs = softmax(int(3 + seed * 7), 0.5 + seed / 4, seed)
+        assert torch.equal(
+            codec.decode(codec.encode(probs), probs.shape[0]), codec.transmitted_probs(probs)
+        )
+        assert tv_distance(probs, codec.transmitted_probs(probs)) <= codec.tv_bound(probs)
+
+
+@pytest.mark.parametrize("name", CODEC_NAMES)
+def test_batched_transmitted_probs_equal_rows(name):
+    codec = make_codec(name)
+    batch = torch.stack([softmax(300, 3.0, seed) for seed in range(3)])  # [batch, vocab]
+    sent = codec.transmitted_probs(batch)
+    assert sent.shape == batch.shape
+    for row in range(3):
+        assert torch.equal(sent[row], codec.transmitted_probs(batch[row]))
+
+
+def test_identity_is_exact_and_dense_error_is_small_but_nonzero():
+    probs = softmax(QWEN_VOCAB, 4.0, 3)
+    assert torch.equal(make_codec("identity").transmitted_probs(probs), probs)
+    dense = DenseCodec()
+    error = tv_distance(probs, dense.transmitted_probs(probs))
+    assert 0 < error <= dense.tv_bound(probs) < 0.01
+    assert len(dense.encode(probs)) == 2 * QWEN_VOCAB
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p():
+    probs = torch.tensor([0.0625, 0.375, 0.3125, 0.15625, 0.09375])  # exact binary fractions
+    codec = TopPCodec(p=0.8)
+    kept = torch.nonzero(codec.transmitted_probs(probs)).flatten().tolist()
+    assert kept == [1, 2, 3]  # 0.6875 < 0.8 <= 0.84375
+    assert TopPCodec(p=0.6875).transmitted_probs(probs).nonzero().flatten().tolist() == [1, 2]
+    assert TopPCodec(p=1.0).transmitted_probs(probs).nonzero().numel() == 5
+    flat = softmax(QWEN_VOCAB, 1.0, 4)  # needs thousands of tokens: exercises the full sort
+    sent = codec.transmitted_probs(flat)
+    kept_ids = sent.nonzero().flatten()
+    kept_mass = float(flat[kept_ids].double().sum())
+    smallest_kept = float(flat[kept_ids].min())
+    assert kept_mass >= 0.8 and kept_mass - smallest_kept < 0.8
+    assert kept_ids.numel() > 1000
+
+
+def test_sparse_ids_near_the_top_of_qwen_vocab_survive():
+    probs = torch.zeros(QWEN_VOCAB)
+    top_ids = [QWEN_VOCAB - 1, QWEN_VOCAB - 2, 65_535, 65_536, 62_000, 0]
+    probs[top_ids] = torch.tensor([0.3, 0.25, 0.2, 0.15, 0.06, 0.04])
+    for codec in [TopKCodec(k=8), TopPCodec(p=0.99), make_codec("k-sqs", k=8)]:
+        decoded = codec.decode(codec.encode(probs), QWEN_VOCAB)
+        assert set(decoded.nonzero().flatten().tolist()) <= set(top_ids)
+        assert decoded[QWEN_VOCAB - 1] > 0.25 and decoded[65_536] > 0.1
+    payload = TopKCodec(k=8).encode(probs)
+    # 18-bit ids: count + 6 ids = 126 bits -> 16 bytes, then 6 float16 values
+    assert len(payload) == math.ceil(18 * 7 / 8) + 2 * 6
+
+
+def test_top_k_with_k_above_the_support_sends_only_non_zero_tokens():
+    probs = torch.tensor([0.0, 0.6, 0.0, 0.4])
+    codec = TopKCodec(k=32)
+    assert codec.bits(probs) == 2 * 3 + 16 * 2
+    assert codec.decode(codec.encode(probs), 4).tolist() == pytest.approx(
+        [0, 0.6, 0, 0.4], abs=1e-3
+    )
+
+
+def test_registry_refuses_unknown_names_and_parameters():
+    with pytest.raises(TandemError):
+        make_codec("gzip")
+    with pytest.raises(CodecError):
+        make_codec("top-p", k=3)
+    with pytest.raises(CodecError):
+        make_codec("top-p", p=0.0)
+    with pytest.raises(CodecError):
+        make_codec("k-sqs", ell=0)
+
+
+@pytest.mark.parametrize("name", CODEC_NAMES)
+def test_bad_probs_are_refused(name):
+    codec = make_codec(name)
+    for probs in [torch.zeros(5), torch.tensor([0.5, float("nan")]), torch.tensor([1.5, -0.5]),
+                  torch.tensor(1.0), torch.ones(2, 2, 2)]:  # fmt: skip
+        with pytest.raises(CodecError):
+            codec.transmitted_probs(probs)
+
+
+@pytest.mark.parametrize("name", CODEC_NAMES)
+def test_truncated_extended_and_wrong_vocab_payloads_fail_cleanly(name):
+    codec = make_codec(name, **SMALL_PARAMS.get(name, {}))
+    probs = softmax(40, 2.0, 5)
+    data = codec.encode(probs)
+    for bad in [data[:-1], data + b"\x00", data + b"\xff", b""]:
+        with pytest.raises(CodecError):
+            codec.decode(bad, 40)
+    for vocab in [0, -3, 1 << 30]:
+        with pytest.raises(CodecError):
+            codec.decode(data, vocab)
+
+
+def check_decodes_cleanly(codec, data: bytes, vocab: int) -> None:
+    try:
+        decoded = codec.decode(data, vocab)
+    except CodecError:
+        return
+    assert decoded.shape == (vocab,) and torch.isfinite(decoded).all() and (decoded >= 0).all()
+    if codec.name != "identity":  # identity passes values through unnormalized
+        assert abs(float(decoded.double().sum()) - 1) < 1e-5
+
+
+@pytest.mark.parametrize("name", CODEC_NAMES)
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.binary(max_size=64), vocab=st.integers(1, 40))
+def test_random_bytes_only_raise_codec_errors(name, data, vocab):
+    check_decodes_cleanly(make_codec(name, **SMALL_PARAMS.get(name, {})), data, vocab)
+
+
+@pytest.mark.parametrize("name", CODEC_NAMES)
+def test_mutated_payloads_only_raise_codec_errors(name):
+    codec = make_codec(name, **SMALL_PARAMS.get(name, {}))
+    rng = np.random.default_rng(6)
+    for seed in range(40):
+        vocab = int(rng.integers(1, 300))
+        data = bytearray(codec.encode(softmax(vocab, 3.0, seed)))
+        for _ in range(10):
+            mutated = bytearray(data)
+            if mutated:
+                position = int(rng.integers(len(mutated)))
+                mutated[position] ^= 1 << int(rng.integers(8))
+            check_decodes_cleanly(codec, bytes(mutated), vocab)
+
+
+def test_wire_params_name_what_the_decoder_needs():
+    assert make_codec("dense").wire_params() == {}
+    assert make_codec("top-p", p=0.5).wire_params() == {}  # p only matters to the sender
+    assert make_codec("k-sqs", k=8, ell=64).wire_params() == {"k": 8, "ell": 64}
+    assert make_codec("c-sqs", alpha=0.1, max_support=99).wire_params() == {
+        "ell": 100,
+        "max_support": 99,
+    }

@@ -1,0 +1,114 @@
+"""Per-document decoder: rollback by sync, cancellation, doc-KV reuse, prefix-pure relevance."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from tandem.models.base import Cancelled
+from tandem.protocols.dragon import DragonConfig
+from tandem.protocols.dragon.decoder import RelevanceSchedule, side_law
+from tandem.protocols.dragon.knowledge import build_decoder
+
+from .conftest import QUESTION
+
+ATOL = 1e-5
+
+
+def fresh(lm, knowledge, **overrides):
+    decoder, docs = build_decoder(lm, knowledge, QUESTION, DragonConfig(**overrides))
+    decoder.prefill()
+    return decoder, docs
+
+
+def test_rows_are_one_per_retrieved_document(tiny_lm, corpora):
+    decoder, docs = fresh(tiny_lm, corpora[0], docs_per_side=2)
+    assert len(docs) == 2 and decoder.num_rows == 2 and decoder.state.batch == 2
+    bare, none = fresh(tiny_lm, corpora[0], docs_per_side=0)
+    assert none == [] and bare.num_rows == 1
+
+
+def test_sync_rolls_back_to_the_same_law_as_a_fresh_decode(tiny_lm, corpora):
+    decoder, _ = fresh(tiny_lm, corpora[0])
+    decoder.sync([65, 66, 67])
+    wanted = decoder.law()
+    decoder.sync([65, 90])  # a rejection at position 1: crop and decode the target token
+    assert decoder.tokens == [65, 90]
+    decoder.sync([65, 66, 67])
+    assert torch.allclose(decoder.law().probs, wanted.probs, atol=ATOL)
+    decoder.sync([])
+    other, _ = fresh(tiny_lm, corpora[0])
+    assert torch.allclose(decoder.law().probs, other.law().probs, atol=ATOL)
+    other.sync([65, 66, 67])
+    assert torch.allclose(other.law().probs, wanted.probs, atol=ATOL)
+    decoder.sync([65, 66])  # a strict prefix of what is held (logits recomputed)
+    other.sync([65, 66])
+    assert torch.allclose(decoder.law().probs, other.law().probs, atol=ATOL)
+
+
+def test_cancelled_sync_leaves_the_decoder_unchanged(tiny_lm, corpora):
+    decoder, _ = fresh(tiny_lm, corpora[0])
+    decoder.sync([70, 71])
+    before = decoder.law().probs.clone()
+    event = threading.Event()
+    event.set()
+    with pytest.raises(Cancelled):
+        decoder.sync([70, 71, 72, 73], cancel=event)
+    assert decoder.tokens == [70, 71]
+    assert torch.equal(decoder.law().probs, before)
+
+
+def test_document_kv_from_the_store_gives_the_same_law(tiny_lm, corpora, tmp_path):
+    from tandem.protocols.dragon import Knowledge
+    from tandem.retrieval.kvstore import DocKVStore
+
+    plain, _ = fresh(tiny_lm, corpora[0])
+    stored = Knowledge(retriever=corpora[0].retriever, kv_store=DocKVStore(tmp_path, tiny_lm))
+    first, _ = fresh(tiny_lm, stored)
+    second, _ = fresh(tiny_lm, stored)
+    assert first.kv_hits == 0 and second.kv_hits == second.num_rows
+    for decoder in (first, second):
+        assert torch.allclose(decoder.law().probs, plain.law().probs, atol=ATOL)
+        decoder.sync([80, 81])
+    plain.sync([80, 81])
+    assert torch.allclose(second.law().probs, plain.law().probs, atol=ATOL)
+
+
+class CountingScorer:
+    name = "counting"
+
+    def __init__(self):
+        self.texts = []
+
+    def score(self, context: str) -> np.ndarray:
+        self.texts.append(context)
+        return np.array([len(context) % 7, len(context) % 5], dtype=np.float32)
+
+
+def test_relevance_is_a_pure_function_of_the_prefix():
+    scorer = CountingScorer()
+    schedule = RelevanceSchedule(
+        num_docs=2, query="q", detokenize=lambda ids: "x" * sum(ids), scorer=scorer, interval=2
+    )
+    first = schedule.scores([1, 1, 1])  # boundary 2 scored on tokens [1, 1]
+    assert scorer.texts[-1] == "q\nxx"
+    assert np.array_equal(schedule.scores([1, 1]), first) and len(scorer.texts) == 1
+    rolled = schedule.scores([3, 3])  # same boundary, another prefix: re-scored, not reused
+    assert scorer.texts[-1] == "q\nxxxxxx" and not np.array_equal(rolled, first)
+    assert np.array_equal(schedule.scores([1]), np.array([1, 1]))  # boundary 0: the query alone
+    assert scorer.texts[-1] == "q"
+
+
+def test_side_law_is_the_relevance_weighted_mixture():
+    logits = torch.tensor([[2.0, 0.0, 0.0], [0.0, 0.0, 2.0]])
+    scores = np.array([1.0, 0.0], dtype=np.float32)
+    law = side_law(logits, scores, temperature=0.0)
+    weights = torch.softmax(torch.tensor([1.0, 0.0]), 0)
+    expected = weights @ torch.softmax(logits, -1)
+    assert torch.allclose(law.probs, expected)
+    assert law.logweight == pytest.approx(float(torch.logsumexp(torch.tensor([1.0, 0.0]), 0)))
+    hot = side_law(logits, scores, temperature=0.5)
+    assert torch.allclose(hot.probs, weights @ torch.softmax(logits / 0.5, -1))

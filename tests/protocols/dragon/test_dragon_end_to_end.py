@@ -1,0 +1,295 @@
+"""End to end on loopback with tiny models (different weights per side, so drafts disagree):
+DRAGON's output equals the centralised references token for token, whatever the strategy and
+the link; the first token follows eta_l p~_l + eta_r p~_r; a cloud crash degrades cleanly."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from tandem.protocols.dragon import DragonConfig, run_pair
+from tandem.protocols.dragon.knowledge import build_decoder
+from tandem.protocols.dragon.reference import CentralPair
+from tandem.transport import LinkConfig
+
+from .conftest import QUESTION
+
+STRATEGIES = ("dragon", "device", "cloud", "random")
+LINK = LinkConfig(delay_ms=2.0, jitter_ms=2.0, seed=7)
+
+
+def config(**overrides) -> DragonConfig:
+    base = {
+        "max_new_tokens": 20,
+        "temperature": 0.0,
+        "seed": 11,
+        "stop_at_eos": False,
+        "rtt_probe_s": 0.05,
+        "bandwidth_probe_bytes": 0,
+    }
+    return DragonConfig(**{**base, **overrides})
+
+
+def central(tiny_lm, tiny_lm_b, corpora, cfg: DragonConfig) -> CentralPair:
+    device_knowledge, cloud_knowledge = corpora
+    return CentralPair.build(
+        device_lm=tiny_lm,
+        cloud_lm=tiny_lm_b,
+        device_knowledge=device_knowledge,
+        cloud_knowledge=cloud_knowledge,
+        question=QUESTION,
+        config=cfg,
+    )
+
+
+def dragon(tiny_lm, tiny_lm_b, corpora, cfg: DragonConfig, **kwargs):
+    device_knowledge, cloud_knowledge = corpora
+    return asyncio.run(
+        run_pair(
+            device_lm=tiny_lm,
+            cloud_lm=tiny_lm_b,
+            device_knowledge=device_knowledge,
+            cloud_knowledge=cloud_knowledge,
+            question=QUESTION,
+            config=cfg,
+            **kwargs,
+        )
+    )
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_greedy_equals_central_greedy_decoding(tiny_lm, tiny_lm_b, corpora, strategy):
+    cfg = config(strategy=strategy)
+    expected = central(tiny_lm, tiny_lm_b, corpora, cfg).greedy()
+    device, cloud = dragon(tiny_lm, tiny_lm_b, corpora, cfg, link=LINK)
+    assert device.tokens == expected
+    assert cloud.tokens == expected
+    assert not device.degraded and device.finish_reason == "length"
+    assert device.aggregations == len(expected)
+    # the sides disagree somewhere, so rejections, rollbacks and re-drafts really happened
+    assert device.acceptance_rate("device") < 1 or device.acceptance_rate("cloud") < 1
+    assert device.rollbacks + cloud.rollbacks > 0
+    if strategy == "cloud":
+        assert device.aggregated_by("cloud") == len(expected)
+    if strategy == "device":
+        assert device.aggregated_by("device") == len(expected) and not device.switches
+    if strategy == "random":
+        assert device.switches and device.aggregated_by("cloud") > 0
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_sampled_equals_token_wise_aggregation(tiny_lm, tiny_lm_b, corpora, strategy):
+    """Draws use position seeds, so the speculative pipeline must reproduce the synchronised
+    token-by-token aggregation exactly (any stale draft or bad rollback would show)."""
+    cfg = config(strategy=strategy, temperature=1.0, seed=5)
+    expected = central(tiny_lm, tiny_lm_b, corpora, cfg).sampled()
+    device, cloud = dragon(tiny_lm, tiny_lm_b, corpora, cfg, link=LINK)
+    assert device.tokens == expected and cloud.tokens == expected
+
+
+def test_documents_stay_on_their_side(tiny_lm, tiny_lm_b, corpora):
+    device, cloud = dragon(tiny_lm, tiny_lm_b, corpora, config(max_new_tokens=4))
+    assert device.docs and cloud.docs
+    assert device.peer_docs == len(cloud.docs) and cloud.peer_docs is None
+    assert {d for d, _ in device.docs}.isdisjoint({d for d, _ in cloud.docs}) or True
+    assert device.bytes_sent > 0 and device.bytes_received > 0
+
+
+@pytest.mark.parametrize("strategy", ["device", "cloud"])
+def test_cloud_crash_mid_generation_degrades_without_losing_tokens(
+    tiny_lm, tiny_lm_b, corpora, strategy
+):
+    cfg = config(max_new_tokens=24, strategy=strategy)
+    expected = central(tiny_lm, tiny_lm_b, corpora, cfg).greedy()
+    device, cloud = dragon(tiny_lm, tiny_lm_b, corpora, cfg, kill_cloud_after=6)
+    assert cloud is None
+    assert device.degraded and device.finish_reason == "length"
+    assert len(device.tokens) == cfg.max_new_tokens
+    cut = device.degraded_at
+    assert 6 <= cut < cfg.max_new_tokens
+    assert device.tokens[:cut] == expected[:cut]
+    # after the fault: greedy decoding of the device's own transmitted law, from that prefix
+    decoder, _ = build_decoder(tiny_lm, corpora[0], QUESTION, cfg)
+    decoder.prefill()
+    from tandem.codecs import make_codec
+
+    codec = make_codec(cfg.codec, **cfg.codec_params)
+    local = list(device.tokens[:cut])
+    while len(local) < cfg.max_new_tokens:
+        decoder.sync(local)
+        local.append(int(codec.transmitted_probs(decoder.law().probs).argmax()))
+    assert device.tokens == local
+
+
+def test_greedy_over_tcp_loopback(tiny_lm, tiny_lm_b, corpora):
+    from tandem.protocols.dragon import connect_device, start_cloud
+    from tandem.transport import TransportConfig
+
+    cfg = config(max_new_tokens=12, bandwidth_probe_bytes=16_384)
+    expected = central(tiny_lm, tiny_lm_b, corpora, cfg).greedy()
+    device_knowledge, cloud_knowledge = corpora
+    secret = b"dragon-test"
+
+    async def main():
+        reports = []
+        server = await start_cloud(
+            "127.0.0.1",
+            0,
+            lm=tiny_lm_b,
+            knowledge=cloud_knowledge,
+            transport=TransportConfig(secret=secret, role="cloud", vocab_size=tiny_lm_b.vocab_size),
+            reports=reports,
+        )
+        try:
+            device = await connect_device(
+                "127.0.0.1",
+                server.port,
+                transport=TransportConfig(
+                    secret=secret, role="device", vocab_size=tiny_lm.vocab_size
+                ),
+                lm=tiny_lm,
+                knowledge=device_knowledge,
+                question=QUESTION,
+                config=cfg,
+            )
+            for _ in range(100):
+                if reports:
+                    break
+                await asyncio.sleep(0.02)
+        finally:
+            await server.close()
+        return device, reports
+
+    device, reports = asyncio.run(main())
+    assert device.tokens == expected
+    assert reports and reports[0].tokens == expected
+    assert device.rtt_s is not None and device.rtt_s > 0
+
+
+def test_first_token_follows_the_aggregate_law(tiny_lm, tiny_lm_b, corpora):
+    """Chi-square of the first target token over many seeds against eta_l p~_l + eta_r p~_r
+    computed centrally from the transmitted laws."""
+    scipy_stats = pytest.importorskip("scipy.stats")
+    from tandem.protocols.dragon.config import CLOUD, DEVICE
+    from tandem.protocols.dragon.session import DragonSide
+    from tandem.sampling.aggregation import mixture
+    from tandem.transport import memory_pair
+
+    cfg = config(max_new_tokens=1, temperature=1.5, rtt_probe_s=0.0)
+    pair = central(tiny_lm, tiny_lm_b, corpora, cfg)
+    laws = pair.laws([])
+    target = mixture(
+        laws[DEVICE].sent_probs.double(),
+        laws[CLOUD].sent_probs.double(),
+        laws[DEVICE].logweight,
+        laws[CLOUD].logweight,
+    )
+    runs = 600
+    counts = torch.zeros_like(target)
+
+    async def one(seed: int) -> int:
+        run_cfg = DragonConfig(**{**cfg.to_json(), "seed": seed})
+        a, b = memory_pair()
+        sides = [
+            DragonSide(role=role, channel=ch, config=run_cfg, lm=lm, knowledge=None,
+                       question=QUESTION, decoder=pair.decoders[role])
+            for role, ch, lm in ((DEVICE, a, tiny_lm), (CLOUD, b, tiny_lm_b))
+        ]  # fmt: skip
+        device, _ = await asyncio.gather(*(s.run() for s in sides))
+        await a.close()
+        await b.close()
+        return device.tokens[0]
+
+    async def main():
+        for seed in range(runs):
+            counts[await one(seed)] += 1
+
+    asyncio.run(main())
+    expected = target * runs
+    assert counts[expected == 0].sum() == 0  # never outside the aggregate support
+    big = expected >= 5
+    observed = torch.cat([counts[big], counts[~big].sum().reshape(1)])
+    wanted = torch.cat([expected[big], expected[~big].sum().reshape(1)])
+    keep = wanted > 0
+    _, p_value = scipy_stats.chisquare(observed[keep].numpy(), wanted[keep].numpy())
+    assert p_value > 1e-3, (p_value, observed, wanted)
+    assert int(big.sum()) >= 3  # a real law, not a near-deterministic one
+
+
+def test_end_of_sequence_stops_both_sides(tiny_lm, tiny_lm_b, corpora, monkeypatch):
+    cfg = config(max_new_tokens=16)
+    tokens = central(tiny_lm, tiny_lm_b, corpora, cfg).greedy()
+    stop_at = next(i for i in range(3, len(tokens)) if tokens[i] not in tokens[:i])
+    for lm in (tiny_lm, tiny_lm_b):  # pretend that token is the end of sequence
+        monkeypatch.setattr(lm.tokenizer, "eos_token_id", tokens[stop_at])
+    cfg = config(max_new_tokens=16, stop_at_eos=True)
+    assert central(tiny_lm, tiny_lm_b, corpora, cfg).greedy() == tokens[: stop_at + 1]
+    device, cloud = dragon(tiny_lm, tiny_lm_b, corpora, cfg)
+    assert device.tokens == cloud.tokens == tokens[: stop_at + 1]
+    assert device.finish_reason == cloud.finish_reason == "eos"
+    assert device.text == tiny_lm.tokenizer.decode(tokens[:stop_at])
+
+
+def test_dragon_mode_of_the_multi_mode_cloud_server(tiny_lm, tiny_lm_b, corpora):
+    """`tandem cloud serve --corpus ...` path: the registry dispatches a DRAGON start."""
+    from tandem.protocols.dragon import connect_device
+    from tandem.serve.cloud import CloudResources, CloudServer, cloud_transport
+    from tandem.serve.device import device_transport
+    from tandem.serve.dragon_session import SideSetup
+
+    cfg = config(max_new_tokens=8)
+    expected = central(tiny_lm, tiny_lm_b, corpora, cfg).greedy()
+    resources = CloudResources(lm=tiny_lm_b)
+    resources.extra["dragon"] = SideSetup(lm=tiny_lm_b, knowledge=corpora[1], profile=None)
+
+    async def main():
+        cloud = CloudServer(resources, modes=["spec", "dragon"])
+        server = await cloud.start("127.0.0.1", 0, transport=cloud_transport(tiny_lm_b, secret="k"))
+        try:
+            return await connect_device(
+                "127.0.0.1", server.port, transport=device_transport(tiny_lm, secret="k"),
+                lm=tiny_lm, knowledge=corpora[0], question=QUESTION, config=cfg,
+            )  # fmt: skip
+        finally:
+            await server.close()
+
+    device = asyncio.run(main())
+    assert device.tokens == expected and not device.degraded
+    assert [name for name, _ in resources.reports] == ["dragon"]
+
+
+def test_a_cloud_without_dragon_degrades_instead_of_hanging(tiny_lm, tiny_lm_b, corpora):
+    from tandem.protocols.dragon import connect_device
+    from tandem.serve.cloud import CloudResources, CloudServer, cloud_transport
+    from tandem.serve.device import device_transport
+
+    async def main():
+        cloud = CloudServer(CloudResources(lm=tiny_lm_b), modes=["spec"])
+        server = await cloud.start(
+            "127.0.0.1", 0, transport=cloud_transport(tiny_lm_b, secret=None)
+        )
+        try:
+            return await connect_device(
+                "127.0.0.1", server.port, transport=device_transport(tiny_lm, secret=None),
+                lm=tiny_lm, knowledge=corpora[0], question=QUESTION, config=config(max_new_tokens=5),
+            )  # fmt: skip
+        finally:
+            await server.close()
+
+    device = asyncio.run(main())
+    assert device.degraded and "serves only" in device.degraded_reason
+    assert len(device.tokens) == 5
+
+
+def test_lookahead_one_is_token_wise_synchronisation(tiny_lm, tiny_lm_b, corpora):
+    """With lookahead 1 nothing is drafted ahead: one draft per side per position, nothing
+    cancelled or thrown away (DRDG/TW's schedule), and still the same tokens."""
+    cfg = config(lookahead=1, strategy="device")
+    expected = central(tiny_lm, tiny_lm_b, corpora, cfg).greedy()
+    device, cloud = dragon(tiny_lm, tiny_lm_b, corpora, cfg, link=LINK)
+    assert device.tokens == expected
+    for report in (device, cloud):
+        assert report.drafts_made == len(expected)
+        assert report.decodes_cancelled == 0 and sum(report.drafts_dropped.values()) == 0

@@ -1,0 +1,89 @@
+"""DRAGON messages survive the real wire format; drafts decode to the sender's sent probs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tandem.codecs import make_codec
+from tandem.protocols.dragon import DragonConfig, wire
+from tandem.protocols.dragon.decoder import SideLaw
+from tandem.protocols.dragon.queues import DraftQueue, make_draft
+from tandem.transport import FrameParser, Limits, encode_message
+
+
+def roundtrip(msg):
+    parser = FrameParser(limits=Limits())
+    parser.receive_data(encode_message(msg, compression=None))
+    return parser.next_event()
+
+
+def law(vocab: int = 300, seed: int = 0) -> SideLaw:
+    generator = torch.Generator().manual_seed(seed)
+    probs = torch.softmax(3 * torch.randn(vocab, generator=generator), 0)
+    return SideLaw(probs=probs, logweight=1.25, doc_weights=None)
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_draft_round_trip_keeps_the_transmitted_law(greedy):
+    codec = make_codec("top-p", p=0.8)
+    draft = make_draft(
+        law(), codec=codec, side="cloud", position=4, epoch=2, seed=9, greedy=greedy, context=77
+    )
+    assert draft.sent_probs[draft.token] > 0  # drawn from what is transmitted (errata 2)
+    if greedy:
+        assert draft.token == int(draft.sent_probs.argmax())
+    received = wire.parse_draft(
+        roundtrip(wire.draft_message(3, draft, codec.name)),
+        side="cloud",
+        codec=codec,
+        vocab_size=300,
+    )
+    assert torch.equal(received.sent_probs, draft.sent_probs)
+    assert (received.position, received.epoch, received.token, received.context) == (
+        4,
+        2,
+        draft.token,
+        77,
+    )
+    assert received.logweight == 1.25
+
+
+def test_control_messages_round_trip():
+    config = DragonConfig(max_new_tokens=5, strategy="random", codec_params={"p": 0.9})
+    msg = roundtrip(wire.start_message(1, config=config, question="why?", profile=[0.1, 2.0, 3.0]))
+    assert wire.control_kind(msg) == wire.START
+    body = wire.control_body(msg)
+    assert DragonConfig.from_json(body["config"]) == config
+    assert body["question"] == "why?" and body["profile"] == [0.1, 2.0, 3.0]
+    pad = roundtrip(wire.pad_message(2, 1000))
+    assert wire.control_kind(pad) == wire.PAD and pad.arrays["body"].nbytes > 1000
+
+
+def test_sampled_drafts_use_position_seeds():
+    codec = make_codec("top-p", p=0.95)
+    tokens = [
+        make_draft(
+            law(seed=1), codec=codec, side="device", position=p, epoch=0, seed=3, greedy=False
+        ).token
+        for p in range(40)
+    ]
+    again = make_draft(
+        law(seed=1), codec=codec, side="device", position=7, epoch=5, seed=3, greedy=False
+    )
+    assert again.token == tokens[7] and len(set(tokens)) > 3
+
+
+def test_draft_queue_resolution():
+    codec = make_codec("top-p", p=0.8)
+    queue = DraftQueue()
+    drafts = [
+        make_draft(law(), codec=codec, side="device", position=p, epoch=0, seed=0, greedy=True)
+        for p in range(3)
+    ]
+    for draft in drafts:
+        queue.push(draft)
+    with pytest.raises(ValueError):
+        queue.push(drafts[0])
+    assert queue.front_at(1) is drafts[1] and len(queue) == 2  # position 0 was stale
+    assert queue.front_at(5) is None and len(queue) == 0

@@ -1,0 +1,222 @@
+from pathlib import Path
+
+import numpy as np
+import pytest
+from retrieval_fakes import WordTokenizer
+
+from tandem.errors import TandemError
+from tandem.models.tiny import ByteTokenizer
+from tandem.retrieval.chunking import ChunkParams
+from tandem.retrieval.embedder import HashingEmbedder
+from tandem.retrieval.index import (
+    DOCSTORE_FILE,
+    FAISS_FILE,
+    MANIFEST,
+    add_to_index,
+    build_index,
+    open_index,
+    read_manifest,
+)
+from tandem.retrieval.search import index_vectors
+
+PARAMS = ChunkParams(chunk_tokens=64, overlap=8)
+
+
+def build(sources, out, embedder, tokenizer=None, **kw):
+    return build_index(
+        sources,
+        out,
+        tokenizer=tokenizer or ByteTokenizer(),
+        tokenizer_name="tiny-qwen2",
+        embedder=embedder,
+        params=kw.pop("params", PARAMS),
+        on_skip=lambda p, r: None,
+        **kw,
+    )
+
+
+def corpus(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root
+
+
+def leftovers(parent: Path) -> list[str]:
+    return sorted(p.name for p in parent.iterdir() if p.name.startswith("."))
+
+
+def test_build_writes_index_docstore_manifest_and_searches(tmp_path, notes, embedder):
+    report = build([notes], tmp_path / "ix", embedder)
+    files = sorted(p.name for p in (tmp_path / "ix").iterdir())
+    assert files == sorted([MANIFEST, FAISS_FILE, DOCSTORE_FILE])
+    manifest = read_manifest(tmp_path / "ix")
+    assert manifest.embedder == "hashing-128" and manifest.dim == 128
+    assert manifest.tokenizer_fingerprint == ByteTokenizer.fingerprint
+    assert (manifest.chunk_tokens, manifest.overlap) == (64, 8)
+    assert manifest.documents == 17 and manifest.chunks == report.embedded > 17
+    assert report.reused == 0 and report.bytes > 0
+    retriever = open_index(tmp_path / "ix", embedder=embedder)
+    hits = retriever.search("exponential backoff full jitter retry attempts", k=5)
+    assert len(hits) == 5 and [s for _, s in hits] == sorted((s for _, s in hits), reverse=True)
+    assert hits[0][0].doc_id.startswith("private-notes/")
+    assert "backoff" in hits[0][0].text.lower() or "retr" in hits[0][0].text.lower()
+    chunk = hits[0][0]
+    source_text = (notes / chunk.doc_id.split("/", 1)[1]).read_text()
+    assert source_text[chunk.start : chunk.end] == chunk.text
+    assert leftovers(tmp_path) == []
+
+
+def test_rebuild_reuses_vectors_and_only_embeds_changed_chunks(tmp_path):
+    src = corpus(
+        tmp_path / "src", {f"n{i}.md": f"note {i} " + "lorem ipsum " * 40 for i in range(5)}
+    )
+    embedder = HashingEmbedder(64)
+    first = build([src], tmp_path / "ix", embedder)
+    vectors_before = index_vectors(open_index(tmp_path / "ix", embedder=embedder).index)
+    calls = embedder.texts_embedded
+    assert calls == first.embedded > 0
+
+    again = build([src], tmp_path / "ix", embedder)
+    assert (again.embedded, again.reused) == (0, first.manifest.chunks)
+    assert embedder.texts_embedded == calls  # not one text embedded again
+    np.testing.assert_array_equal(
+        index_vectors(open_index(tmp_path / "ix", embedder=embedder).index), vectors_before
+    )
+
+    (src / "n2.md").write_text("note 2, changed and now short")
+    (src / "new.md").write_text("a brand new note about tides")
+    third = build([src], tmp_path / "ix", embedder)
+    assert third.embedded == embedder.texts_embedded - calls == 2  # one chunk each
+    assert third.reused == third.manifest.chunks - 2
+    assert leftovers(tmp_path) == []
+
+
+def test_add_keeps_old_documents_and_embeds_only_new_ones(tmp_path):
+    a = corpus(tmp_path / "a", {"x.md": "alpha " * 30, "y.md": "beta " * 30})
+    b = corpus(tmp_path / "b", {"z.md": " ".join(f"gamma{i}" for i in range(30))})
+    embedder = HashingEmbedder(64)
+    first = build([a], tmp_path / "ix", embedder)
+    before = embedder.texts_embedded
+    report = add_to_index(
+        tmp_path / "ix",
+        [b],
+        tokenizer=ByteTokenizer(),
+        embedder=embedder,
+        on_skip=lambda p, r: None,
+    )
+    retriever = open_index(tmp_path / "ix", embedder=embedder)
+    new_chunks = len(retriever.lookup.document("b/z.md"))
+    assert embedder.texts_embedded - before == report.embedded == new_chunks == 4  # 209 bytes
+    assert report.reused == first.manifest.chunks
+    manifest = read_manifest(tmp_path / "ix")
+    assert manifest.documents == 3 and manifest.sources == (str(a), str(b))
+    assert retriever.search("gamma7 gamma8", 1)[0][0].doc_id == "b/z.md"
+    assert retriever.search("alpha alpha", 1)[0][0].doc_id == "a/x.md"
+
+    (b / "z.md").write_text("delta " * 10)  # same doc id: replaced, not duplicated
+    add_to_index(
+        tmp_path / "ix",
+        [b],
+        tokenizer=ByteTokenizer(),
+        embedder=embedder,
+        on_skip=lambda p, r: None,
+    )
+    retriever = open_index(tmp_path / "ix", embedder=embedder)
+    assert read_manifest(tmp_path / "ix").documents == 3
+    assert [c.text for c in retriever.lookup.document("b/z.md")] == [("delta " * 10).strip()]
+
+
+def test_another_embedder_or_tokenizer_is_refused(tmp_path, notes, embedder):
+    build([notes], tmp_path / "ix", embedder)
+    with pytest.raises(TandemError, match="built with embedder 'hashing-128', not 'hashing-64'"):
+        open_index(tmp_path / "ix", embedder=HashingEmbedder(64))
+    with pytest.raises(TandemError, match="built with tokenizer"):
+        open_index(tmp_path / "ix", embedder=embedder, tokenizer=WordTokenizer())
+    with pytest.raises(TandemError, match="built with tokenizer"):
+        add_to_index(tmp_path / "ix", [notes], tokenizer=WordTokenizer(), embedder=embedder)
+    with pytest.raises(TandemError, match="built with embedder"):
+        add_to_index(
+            tmp_path / "ix", [notes], tokenizer=ByteTokenizer(), embedder=HashingEmbedder(32)
+        )
+
+
+def test_empty_folder_is_an_error_and_writes_nothing(tmp_path, embedder):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "blob.bin").write_bytes(b"\x00" * 10)
+    with pytest.raises(TandemError, match="no text documents found"):
+        build([tmp_path / "empty"], tmp_path / "ix", embedder)
+    assert not (tmp_path / "ix").exists() and leftovers(tmp_path) == []
+
+
+def test_skips_are_reported(tmp_path, embedder):
+    src = corpus(tmp_path / "src", {"a.md": "alpha"})
+    (src / "b.bin").write_bytes(b"\x00\x01")
+    report = build([src], tmp_path / "ix", embedder)
+    assert [(Path(p).name, r) for p, r in report.skipped] == [("b.bin", "binary file")]
+
+
+class FailingEmbedder(HashingEmbedder):
+    def embed(self, texts):
+        raise RuntimeError("embedder crashed")
+
+
+def test_failure_leaves_the_old_index_untouched_and_no_temp_files(tmp_path, notes, embedder):
+    build([notes], tmp_path / "ix", embedder)
+    before = {p.name: p.read_bytes() for p in (tmp_path / "ix").iterdir()}
+    src = corpus(tmp_path / "src", {"a.md": "something new"})
+    with pytest.raises(RuntimeError, match="embedder crashed"):
+        build([src], tmp_path / "ix", FailingEmbedder(128))
+    with pytest.raises(RuntimeError, match="embedder crashed"):
+        add_to_index(
+            tmp_path / "ix", [src], tokenizer=ByteTokenizer(), embedder=FailingEmbedder(128)
+        )
+    assert {p.name: p.read_bytes() for p in (tmp_path / "ix").iterdir()} == before
+    assert leftovers(tmp_path) == []
+
+
+def test_failure_while_writing_removes_the_temporary_folder(tmp_path, notes, embedder, monkeypatch):
+    import tandem.retrieval.index as index_module
+
+    def broken(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(index_module, "write_docstore", broken)
+    with pytest.raises(OSError, match="disk full"):
+        build([notes], tmp_path / "ix", embedder)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_out_folder_that_is_not_an_index_is_refused(tmp_path, notes, embedder):
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "precious.txt").write_text("do not delete")
+    with pytest.raises(TandemError, match="not a tandem index"):
+        build([notes], tmp_path / "mine", embedder)
+    assert (tmp_path / "mine" / "precious.txt").read_text() == "do not delete"
+    with pytest.raises(TandemError, match="not a tandem index"):
+        open_index(tmp_path / "mine")
+
+
+def test_corrupt_index_is_detected(tmp_path, notes, embedder):
+    build([notes], tmp_path / "ix", embedder)
+    (tmp_path / "ix" / DOCSTORE_FILE).unlink()
+    with pytest.raises(TandemError, match="docstore missing"):
+        open_index(tmp_path / "ix", embedder=embedder)
+
+
+def test_hnsw_index_finds_what_flat_finds(tmp_path, notes, embedder):
+    build([notes], tmp_path / "flat", embedder)
+    build([notes], tmp_path / "hnsw", embedder, kind="hnsw")
+    flat = open_index(tmp_path / "flat", embedder=embedder)
+    hnsw = open_index(tmp_path / "hnsw", embedder=embedder)
+    assert read_manifest(tmp_path / "hnsw").index_kind == "hnsw"
+    for query in [
+        "sqlite wal mode backup",
+        "flatline suspect threshold",
+        "deploy the wheel on the pi",
+    ]:
+        assert [c.key for c, _ in flat.search(query, 3)] == [
+            c.key for c, _ in hnsw.search(query, 3)
+        ]
+    with pytest.raises(TandemError, match="unknown index kind"):
+        build([notes], tmp_path / "x", embedder, kind="ivf")

@@ -1,0 +1,71 @@
+import pytest
+from typer.testing import CliRunner
+
+from tandem.cli import app
+from tandem.errors import TandemError
+
+runner = CliRunner()
+FAST = ["--tokenizer", "tiny-qwen2", "--embedder", "hashing-1024"]
+
+
+def test_build_query_info_add(tmp_path, notes):
+    out = tmp_path / "ix"
+    result = runner.invoke(
+        app, ["index", "build", str(notes), "--out", str(out), "--chunk-tokens", "64", *FAST]
+    )
+    assert result.exit_code == 0, result.output
+    assert "17 documents" in result.output and "embedded" in result.output
+    result = runner.invoke(app, ["index", "query", str(out), "flatline check suspect", "-k", "2"])
+    assert result.exit_code == 0, result.output
+    assert "private-notes/" in result.output and "flatline" in result.output.lower()
+    result = runner.invoke(app, ["index", "info", str(out)])
+    assert "embedder: hashing-1024" in result.output and "chunk_tokens: 64" in result.output
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    (extra / "new.md").write_text("the moon tide table for June")
+    (extra / "blob.bin").write_bytes(b"\x00\x00")
+    result = runner.invoke(app, ["index", "add", str(out), str(extra)])
+    assert result.exit_code == 0, result.output
+    assert "embedded 1," in result.output and "18 documents" in result.output
+
+
+def test_bad_input_raises_one_line_tandem_errors(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    result = runner.invoke(
+        app, ["index", "build", str(empty), "--out", str(tmp_path / "ix"), *FAST]
+    )
+    assert isinstance(result.exception, TandemError) and "nothing to index" in str(result.exception)
+    result = runner.invoke(app, ["index", "query", str(empty), "x"])
+    assert isinstance(result.exception, TandemError) and "not a tandem index" in str(
+        result.exception
+    )
+    assert "\n" not in str(result.exception)
+
+
+@pytest.mark.slow
+def test_cli_entry_point_prints_error_without_traceback(tmp_path):
+    import subprocess
+    import sys
+
+    (tmp_path / "empty").mkdir()
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from tandem.cli import main; main()",
+            "index",
+            "build",
+            str(tmp_path / "empty"),
+            "--out",
+            str(tmp_path / "ix"),
+            *FAST,
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 2
+    assert (
+        run.stderr.strip().startswith("error: no text documents found")
+        and "Traceback" not in run.stderr
+    )

@@ -1,0 +1,49 @@
+import pytest
+
+from tandem.errors import TandemError
+from tandem.models.tiny import ByteTokenizer
+from tandem.retrieval.chunking import ChunkParams, chunk_text
+from tandem.retrieval.embedder import HashingEmbedder
+from tandem.retrieval.search import Retriever, select_context
+
+LONG = " ".join(
+    f"Section {i}. "
+    + ("The reactor cooling loop uses water. " if i == 7 else f"Filler text number {i}. ") * 6
+    for i in range(20)
+)
+
+
+def test_in_memory_retriever_over_one_long_context():
+    chunks = chunk_text(LONG, ByteTokenizer(), ChunkParams(chunk_tokens=128))
+    retriever = Retriever.from_chunks(chunks, HashingEmbedder(256))
+    assert len(retriever) == len(chunks)
+    hits = retriever.search("reactor cooling loop water", k=3)
+    assert "reactor" in hits[0][0].text
+    assert -1.0 - 1e-6 <= hits[-1][1] <= hits[0][1] <= 1.0 + 1e-6
+    assert len(retriever.search("x", k=10_000)) == len(chunks)  # k capped at the corpus size
+    vectors = retriever.vectors([0, 1])
+    assert vectors.shape == (2, 256)
+    with pytest.raises(TandemError, match="k must be at least 1"):
+        retriever.search("x", k=0)
+
+
+def test_empty_retriever_is_an_error():
+    retriever = Retriever.from_chunks([], HashingEmbedder(16))
+    with pytest.raises(TandemError, match="empty"):
+        retriever.search("anything")
+
+
+def test_select_context_threshold_budget_and_order():
+    chunks = chunk_text(LONG, ByteTokenizer(), ChunkParams(chunk_tokens=100))
+    hits = [(chunks[5], 0.9), (chunks[2], 0.8), (chunks[9], 0.5), (chunks[1], 0.2)]
+    chosen = select_context(hits, max_tokens=250, min_score=0.3)
+    assert [c.position for c in chosen] == [2, 5]  # budget: 2 chunks of ~100; order restored
+    chosen = select_context(hits, max_tokens=10_000, min_score=0.3, in_document_order=False)
+    assert [c.position for c in chosen] == [5, 2, 9]
+
+
+def test_embedder_dimension_mismatch_is_refused():
+    chunks = chunk_text("hello world", ByteTokenizer(), ChunkParams())
+    retriever = Retriever.from_chunks(chunks, HashingEmbedder(32))
+    with pytest.raises(TandemError, match="32-dim"):
+        Retriever(index=retriever.index, lookup=retriever.lookup, embedder=HashingEmbedder(64))

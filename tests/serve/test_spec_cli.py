@@ -1,0 +1,94 @@
+"""`tandem cloud serve` and `tandem device run` as separate processes over loopback TCP, and
+their one-line errors (unreachable cloud, refused handshake, bad flags)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+SECRET = "cli-secret"
+
+
+def tandem(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", "from tandem.cli import main; main()", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.fixture(scope="module")
+def cloud_port():
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from tandem.cli import main; main()", "cloud", "serve",
+         "--model", "tiny-qwen2-b", "--port", "0", "--secret", SECRET],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        line = proc.stdout.readline()  # "tandem cloud: ... on 127.0.0.1:<port>"
+        assert "serving" in line, proc.stderr.read() if proc.poll() is not None else line
+        yield int(line.strip().rsplit(":", 1)[1])
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def device(port: int, *args: str) -> subprocess.CompletedProcess:
+    return tandem(
+        "device", "run", "--model", "tiny-qwen2", "--raw", "-p", "hi", "-n", "12",
+        "--port", str(port), "--secret", SECRET, *args,
+    )  # fmt: skip
+
+
+def test_device_and_cloud_processes_generate(cloud_port, tmp_path):
+    out = device(
+        cloud_port, "--pipeline", "async", "--codec", "k-sqs", "--json", str(tmp_path / "r.json")
+    )
+    assert out.returncode == 0, out.stderr
+    assert "throughput" in out.stderr and "T_verify" in out.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert len(report["tokens"]) == 12 and report["cloud"]["agrees_with_device"]
+
+
+def test_cloud_autoregressive_mode(cloud_port):
+    out = device(cloud_port, "--mode", "ar")
+    assert out.returncode == 0, out.stderr
+    assert "12 tokens" in out.stderr
+
+
+def test_wrong_secret_is_one_line(cloud_port):
+    out = tandem("device", "run", "--model", "tiny-qwen2", "--raw", "-p", "hi",
+                 "--port", str(cloud_port), "--secret", "wrong")  # fmt: skip
+    assert out.returncode == 2
+    assert out.stderr.startswith("error: ") and out.stderr.count("\n") == 1
+    assert "Traceback" not in out.stderr
+
+
+def test_unreachable_cloud_is_one_line():
+    start = time.perf_counter()
+    out = tandem("device", "run", "--model", "tiny-qwen2", "--raw", "-p", "hi", "--port", "1")
+    assert out.returncode == 2
+    assert out.stderr.startswith("error: cannot connect to 127.0.0.1:1")
+    assert out.stderr.count("\n") == 1 and time.perf_counter() - start < 60
+
+
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (("--pipeline", "sometimes"), "error: spec: pipeline must be one of sync, async"),
+        (("--codec", "zip"), "error: spec: codec must be one of"),
+        (("--codec-param", "k"), "error: --codec-param expects NAME=VALUE"),
+        (("--mode", "nope"), "error: unknown mode 'nope'"),
+    ],
+)
+def test_bad_flags_are_one_line(flags, message):
+    out = tandem("device", "run", "--model", "tiny-qwen2", *flags)
+    assert out.returncode == 2
+    assert out.stderr.startswith(message) and out.stderr.count("\n") == 1
