@@ -33,12 +33,14 @@ TEMPERATURES = (0.0, 0.25, 0.5, 0.75, 1.0)
 PAPER_CSQS = {"alpha": 0.0005, "eta": 0.001, "ell": 100, "beta": 0.001}
 CODECS: dict[str, tuple[str, dict]] = {
     "dense": ("dense", {}),
+    "k-sqs K=3": ("k-sqs", {"k": 3, "ell": 100}),
     "k-sqs K=4": ("k-sqs", {"k": 4, "ell": 100}),
     "k-sqs K=8": ("k-sqs", {"k": 8, "ell": 100}),
     "k-sqs K=16": ("k-sqs", {"k": 16, "ell": 100}),
     "k-sqs K=32": ("k-sqs", {"k": 32, "ell": 100}),
     "c-sqs paper": ("c-sqs", PAPER_CSQS),
     "c-sqs a=0.01": ("c-sqs", {"alpha": 0.01, "eta": 0.01, "ell": 100, "beta": 0.01}),
+    "c-sqs a=0.02": ("c-sqs", {"alpha": 0.02, "eta": 0.02, "ell": 50, "beta": 0.02}),
     "c-sqs a=0.05": ("c-sqs", {"alpha": 0.05, "eta": 0.05, "ell": 50, "beta": 0.05}),
 }
 

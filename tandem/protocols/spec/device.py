@@ -84,12 +84,18 @@ class DeviceSession:
         reader = loop.create_task(self._read())
         try:
             t0 = time.perf_counter()
-            await asyncio.to_thread(self.drafter.prefill)
-            self.report.device_prefill_s = time.perf_counter() - t0
-            if self.config.pipeline == "sync":
-                await self._run_sync()
-            else:
-                await self._run_async()
+            try:
+                await asyncio.to_thread(self.drafter.prefill)
+                self.report.device_prefill_s = time.perf_counter() - t0
+                if self.config.pipeline == "sync":
+                    await self._run_sync()
+                else:
+                    await self._run_async()
+            except Cancelled:
+                failure = getattr(self, "_failure", None)
+                if failure is None:
+                    raise
+                raise failure from None  # the cloud refused or vanished: say that, not "cancelled"
             self.report.total_s = time.perf_counter() - self._start
             end = wire.control_message(wire.END, {}, tuple(self.drafter.committed))
             with contextlib.suppress(asyncio.TimeoutError, TransportError):
@@ -127,6 +133,7 @@ class DeviceSession:
             self._fail(TandemError(f"bad message from the cloud: {exc}"))
 
     def _fail(self, error: TandemError) -> None:
+        self._failure = error  # reported instead of the Cancelled it causes in a draft step
         self.drafter.cancel.set()
         self.results.put_nowait(error)
         if self.stats_future is not None and not self.stats_future.done():
