@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -13,7 +14,7 @@ def tandem(*args: str) -> subprocess.CompletedProcess:
         capture_output=True,
         text=True,
         timeout=300,
-        env={"TORCH_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", **__import__("os").environ},
+        env={**os.environ, "OMP_NUM_THREADS": "1"},  # one thread: the machine is shared
     )
 
 
@@ -42,7 +43,7 @@ def test_rapid_errors_are_one_line(tmp_path):
 def test_rapid_tasks_writes_jsonl(tmp_path):
     path = tmp_path / "tasks.jsonl"
     out = tandem(
-        "rapid", "tasks", "--out", str(path), "--context-tokens", "600", "--num", "1",
+        "rapid", "tasks", "--out", str(path), "--context-tokens", "4000", "--num", "1",
         "--model", "tiny-qwen2",
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
