@@ -20,39 +20,24 @@ only counts and scores' summaries (logweights) do.
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 
 from tandem.codecs import Codec
 from tandem.protocols.dragon.config import DragonConfig
 from tandem.protocols.dragon.queues import Draft
-from tandem.transport import DraftTokens, Error, SwitchAggregator, TargetToken
+from tandem.transport import DraftTokens, Error, SwitchAggregator, TargetToken, control
+from tandem.transport.control import control_body  # noqa: F401  (re-exported for callers)
 
 START, READY, PAD = "dragon.start", "dragon.ready", "dragon.pad"
 
 
 def control_message(kind: str, seq: int, body: dict, *, padding: int = 0) -> DraftTokens:
-    blob = np.frombuffer(json.dumps(body).encode() + b" " * padding, dtype=np.uint8)
-    return DraftTokens(seq=seq, position=-1, tokens=(), codec=kind, arrays={"body": blob})
+    return control.control_message(kind, body, seq=seq, padding=padding)
 
 
 def control_kind(msg: object) -> str | None:
     """START / READY / PAD for a control message, None for anything else."""
-    if isinstance(msg, DraftTokens) and msg.position < 0 and msg.codec in (START, READY, PAD):
-        return msg.codec
-    return None
-
-
-def control_body(msg: DraftTokens) -> dict:
-    blob = msg.arrays.get("body")
-    try:
-        body = json.loads(blob.tobytes().decode()) if blob is not None else None
-    except (ValueError, UnicodeDecodeError):
-        body = None
-    if not isinstance(body, dict):
-        raise ValueError(f"malformed {msg.codec} message")
-    return body
+    return control.control_kind(msg, (START, READY, PAD))
 
 
 def start_message(

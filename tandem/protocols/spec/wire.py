@@ -28,8 +28,6 @@ a reserved codec name and position -1 (never a real draft), as DRAGON's do.
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import torch
 
@@ -38,33 +36,20 @@ from tandem.protocols.spec.config import SEPARATE
 from tandem.protocols.spec.drafter import Chunk
 from tandem.protocols.spec.separate import sparse_draft_rows
 from tandem.protocols.spec.verifier import Request, Result
-from tandem.transport import DraftTokens, Error, Interrupt, VerifyRequest, VerifyResult
+from tandem.transport import DraftTokens, Error, Interrupt, VerifyRequest, VerifyResult, control
+from tandem.transport.control import control_body  # noqa: F401  (re-exported for callers)
 
 START, READY, END, STATS = "spec.start", "spec.ready", "spec.end", "spec.stats"
 CONTROL = (START, READY, END, STATS)
 
 
 def control_message(kind: str, body: dict, tokens: tuple[int, ...] = ()) -> DraftTokens:
-    blob = np.frombuffer(json.dumps(body).encode(), dtype=np.uint8)
-    return DraftTokens(seq=0, position=-1, tokens=tokens, codec=kind, arrays={"body": blob})
+    return control.control_message(kind, body, tokens=tokens)
 
 
 def control_kind(msg: object) -> str | None:
     """START / READY / END / STATS for a control message, None for anything else."""
-    if isinstance(msg, DraftTokens) and msg.position < 0 and msg.codec in CONTROL:
-        return msg.codec
-    return None
-
-
-def control_body(msg: DraftTokens) -> dict:
-    blob = msg.arrays.get("body")
-    try:
-        body = json.loads(blob.tobytes().decode()) if blob is not None else None
-    except (ValueError, UnicodeDecodeError):
-        body = None
-    if not isinstance(body, dict):
-        raise ValueError(f"malformed {msg.codec} message")
-    return body
+    return control.control_kind(msg, CONTROL)
 
 
 def request_message(seq: int, chunk: Chunk, codec_name: str) -> VerifyRequest:
