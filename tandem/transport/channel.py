@@ -292,7 +292,10 @@ class FramedChannel:
         except OSError as exc:
             self._fail(ChannelClosed(f"connection lost: {exc}"))
             raise _copy(self._error) from None
-        return await asyncio.wait_for(waiter, timeout)
+        # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a cancellation
+        # that arrives as the Pong does, and the caller's loop then never stops
+        async with asyncio.timeout(timeout):
+            return await waiter
 
     # ---- receiving --------------------------------------------------------------------
 

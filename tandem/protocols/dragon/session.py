@@ -248,7 +248,7 @@ class DragonSide:
                 pad = wire.pad_message(0, config.bandwidth_probe_bytes)
                 await self.link.probe_bandwidth(pad, config.bandwidth_probe_bytes)
                 self.report.probe_bytes = config.bandwidth_probe_bytes
-            while config.rtt_probe_s and not self.degraded:
+            while config.rtt_probe_s and not self.degraded and not self.done.is_set():
                 await asyncio.sleep(config.rtt_probe_s)
                 with contextlib.suppress(TimeoutError):
                     await self.channel.ping(timeout=max(1.0, 8 * config.rtt_probe_s))
