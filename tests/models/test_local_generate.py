@@ -25,14 +25,14 @@ def test_greedy_equals_transformers_greedy(tiny_lm):
 
 def test_sampling_is_reproducible_per_seed(tiny_lm):
     ids = tiny_lm.tokenizer.encode("abc")
+
     def run(seed):
-        return (
-            generate(
-                tiny_lm,
-                ids,
-                SamplingConfig(temperature=1.0, max_new_tokens=16, seed=seed, stop_at_eos=False),
-            ).tokens
-        )
+        return generate(
+            tiny_lm,
+            ids,
+            SamplingConfig(temperature=1.0, max_new_tokens=16, seed=seed, stop_at_eos=False),
+        ).tokens
+
     assert run(1) == run(1)
     assert run(1) != run(2)
 

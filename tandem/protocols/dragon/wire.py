@@ -107,3 +107,58 @@ def switch_message(seq: int, position: int, token: int, aggregator: str) -> Swit
 
 def error_message(text: str) -> Error:
     return Error(code="dragon", message=text[:4000])
+
+
+# ---- baselines (tandem.baselines.dragon) ----------------------------------------------
+#
+#     event                         message
+#     baseline start (dev -> cloud) control "dragon.base.start": method, settings, question
+#     documents (cloud -> device)   control "dragon.base.docs": texts (DRCG/Text only)
+#     KV part (cloud -> device)     control "dragon.base.kv" + arrays["blob"] = uint8 bytes of
+#                                   a safetensors state, in parts (DRCG/KV only)
+#     sequence (cloud -> device)    "dragon.base.seq": tokens = the cloud's whole answer,
+#                                   distributions = one codec payload per token (DRDG/SW)
+#
+# Documents cross the network only in DRCG's messages (that is what DRCG is).
+
+BASE_START, BASE_DOCS, BASE_KV, BASE_SEQ = (
+    "dragon.base.start",
+    "dragon.base.docs",
+    "dragon.base.kv",
+    "dragon.base.seq",
+)
+BASE_KINDS = (BASE_START, BASE_DOCS, BASE_KV, BASE_SEQ)
+
+
+def base_kind(msg: object) -> str | None:
+    """One of BASE_KINDS for a baseline control message, None for anything else."""
+    return control.control_kind(msg, BASE_KINDS)
+
+
+def blob_message(kind: str, body: dict, blob: bytes, *, seq: int = 0) -> DraftTokens:
+    """A control frame whose JSON body travels with raw bytes (`arrays["blob"]`)."""
+    msg = control.control_message(kind, body, seq=seq)
+    arrays = {**msg.arrays, "blob": np.frombuffer(blob, dtype=np.uint8)}
+    return DraftTokens(seq=seq, position=-1, tokens=(), codec=kind, arrays=arrays)
+
+
+def message_blob(msg: DraftTokens) -> bytes:
+    blob = msg.arrays.get("blob")
+    if blob is None or blob.dtype != np.uint8 or blob.ndim != 1:
+        raise ValueError(f"{msg.codec} message without its bytes")
+    return blob.tobytes()
+
+
+def sequence_message(
+    tokens: list[int], payloads: list[bytes], *, codec_name: str, logweight: float
+) -> DraftTokens:
+    """A side's whole answer with the codec payload of its law at every position."""
+    head = control.control_message(BASE_SEQ, {"codec": codec_name, "logweight": logweight})
+    return DraftTokens(
+        seq=0,
+        position=-1,
+        tokens=tuple(int(t) for t in tokens),
+        codec=BASE_SEQ,
+        distributions=tuple(payloads),
+        arrays=head.arrays,
+    )

@@ -1,0 +1,233 @@
+"""DRAGON and its baselines as two processes joined by the project's emulated network.
+
+    Testbed (this process: no model)
+      net_up(NetConfig(name, delay, jitter = delay / 5))   namespaces <name>-dev / -cloud
+      cloud process  (cloud namespace)   python -m tandem.baselines.dragon.cloud
+                                         serves DRAGON + every baseline (public corpus)
+      device worker  (device namespace)  python -m tandem.baselines.dragon.testbed
+                                         private corpus; runs one method per request
+
+The worker reads one JSON request per line on stdin (`{"method", "question", "config"}`)
+and answers one line `@@ {...}` on stdout (tokens, token times, the method's summary; for
+DRAGON also both sides' decode timings and the resolution log). Every request opens a new
+connection, so `set_delay` (which restarts the delay proxy) can run between requests. Both
+processes run one torch thread (`threads`). Without root or iproute2 the same proxy runs on
+loopback (`NetStatus.mode == "loopback"`, with the reason in `notes`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tandem.errors import TandemError
+
+MARK = "@@ "
+READY_TIMEOUT_S = 900.0
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Testbed:
+    """Context manager: network up, cloud and device processes started; all torn down."""
+
+    def __init__(
+        self,
+        *,
+        model: str,
+        public_index: Path,
+        private_index: Path,
+        docs: int = 2,
+        threads: int = 1,
+        name: str = "tandem-dbench",
+        seed: int = 0,
+    ):
+        self.model, self.docs, self.threads = model, docs, threads
+        self.public_index, self.private_index = public_index, private_index
+        self.name, self.seed = name, seed
+        self.procs: list[subprocess.Popen] = []
+        self.status = None
+        self.workdir = Path(tempfile.mkdtemp(prefix="tandem-dbench-"))
+
+    # ---- lifecycle -----------------------------------------------------------------
+
+    def __enter__(self) -> Testbed:
+        try:
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _net(self, delay_ms: float):
+        from tandem.transport.netns import NetConfig, net_up, netns_unavailable_reason
+
+        if not hasattr(self, "ports"):
+            loopback = netns_unavailable_reason() is not None
+            self.ports = (
+                {"service_port": _free_port(), "proxy_port": _free_port()} if loopback else {}
+            )
+        config = NetConfig(
+            name=self.name, delay_ms=delay_ms, jitter_ms=delay_ms / 5, seed=self.seed, **self.ports
+        )
+        return net_up(config)
+
+    def _prefix(self, side: str) -> list[str]:
+        if self.status.mode == "loopback":
+            return []
+        return ["ip", "netns", "exec", self.status.namespaces[side]]
+
+    def _start(self) -> None:
+        self.status = self._net(0.0)
+        env = {**os.environ, "TANDEM_SECRET": secrets.token_hex(16), "OMP_NUM_THREADS": "1"}
+        ready = self.workdir / "cloud.json"
+        cloud = [*self._prefix("cloud"), sys.executable, "-m", "tandem.baselines.dragon.cloud"]
+        cloud += ["--corpus", str(self.public_index), "--model", self.model]
+        cloud += ["--listen", self.status.service, "--ready-file", str(ready)]
+        cloud += ["--docs", str(self.docs), "--threads", str(self.threads)]
+        self.cloud_log = open(self.workdir / "cloud.log", "wb")  # noqa: SIM115 - closed in close()
+        self.procs.append(
+            subprocess.Popen(cloud, env=env, stdout=self.cloud_log, stderr=subprocess.STDOUT)
+        )
+        device = [*self._prefix("device"), sys.executable, "-m", "tandem.baselines.dragon.testbed"]
+        device += ["--corpus", str(self.private_index), "--model", self.model]
+        device += ["--connect", self.status.connect, "--docs", str(self.docs)]
+        device += ["--threads", str(self.threads)]
+        self.worker = subprocess.Popen(
+            device, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1
+        )
+        self.procs.append(self.worker)
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while not ready.is_file():
+            if self.procs[0].poll() is not None or time.monotonic() > deadline:
+                log = (self.workdir / "cloud.log").read_text(errors="replace")[-2000:]
+                raise TandemError(f"dragon testbed: the cloud process did not start: {log}")
+            time.sleep(0.2)
+        self._read()  # the worker's ready line
+
+    def close(self) -> None:
+        from tandem.transport.netns import net_down
+
+        try:
+            for proc in reversed(self.procs):
+                if proc.poll() is None:
+                    proc.terminate()
+                    try:
+                        proc.wait(15)
+                    except subprocess.TimeoutExpired:
+                        proc.kill()
+                        proc.wait()
+            self.procs.clear()
+            if hasattr(self, "cloud_log"):
+                self.cloud_log.close()
+        finally:
+            net_down(self.name)
+
+    # ---- use -----------------------------------------------------------------------
+
+    def set_delay(self, delay_ms: float) -> None:
+        """One-way delay of each direction, jitter delay / 5 (paper Sec. 7.3)."""
+        self.status = self._net(delay_ms)
+
+    def run(self, method: str, question: str, config) -> dict:
+        request = {"method": method, "question": question, "config": config.to_json()}
+        self.worker.stdin.write(json.dumps(request) + "\n")
+        self.worker.stdin.flush()
+        answer = self._read()
+        if "error" in answer:
+            raise TandemError(f"dragon testbed: {method} failed: {answer['error']}")
+        return answer
+
+    def _read(self) -> dict:
+        while True:
+            line = self.worker.stdout.readline()
+            if not line:
+                raise TandemError("dragon testbed: the device worker exited (see its stderr)")
+            if line.startswith(MARK):
+                return json.loads(line[len(MARK) :])
+
+
+# ---- the device worker (runs in the device namespace) -------------------------------
+
+
+def dragon_record(report) -> dict:
+    return {
+        "tokens": report.tokens,
+        "token_times": report.token_times,
+        "ttft_s": report.ttft_s,
+        "per_token_s": report.mean_per_token_s,
+        "summary": report.summary(),
+        "decode_times": report.decode_times,
+        "resolutions": report.resolutions,
+    }
+
+
+def baseline_record(report) -> dict:
+    return {"tokens": report.tokens, "token_times": report.token_times, **report.summary()}
+
+
+async def run_one(setup, host: str, port: int, request: dict) -> dict:
+    from tandem.baselines.dragon.device import run_baseline_device, run_crcg_device
+    from tandem.protocols.dragon import DragonConfig, connect_device
+    from tandem.serve.dragon_session import transport_config
+    from tandem.transport import connect
+
+    method, question = request["method"], request["question"]
+    config = DragonConfig.from_json(request["config"])
+    transport = transport_config(setup.lm, role="device")
+    common = {"lm": setup.lm, "knowledge": setup.knowledge, "question": question, "config": config}
+    if method == "dragon":
+        report = await connect_device(
+            host, port, transport=transport, profile=setup.profile, **common
+        )
+        return {"method": method, **dragon_record(report)}
+    if method == "crcg-device":
+        return {
+            "method": method,
+            **baseline_record(await asyncio.to_thread(lambda: run_crcg_device(**common))),
+        }
+    channel = await connect(host, port, config=transport)
+    return baseline_record(await run_baseline_device(method, channel, **common))
+
+
+def worker_main(argv: list[str] | None = None) -> None:
+    from tandem.serve.dragon_session import load_side, set_threads
+    from tandem.transport.proxy import parse_hostport
+
+    parser = argparse.ArgumentParser(prog="python -m tandem.baselines.dragon.testbed")
+    parser.add_argument("--corpus", required=True)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--connect", required=True)
+    parser.add_argument("--docs", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    set_threads(args.threads)
+    setup = load_side(corpus=args.corpus, model=args.model, docs=args.docs, progress=False)
+    host, port = parse_hostport(args.connect)
+    print(MARK + json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        try:
+            answer = asyncio.run(run_one(setup, host, port, json.loads(line)))
+        except Exception as exc:  # noqa: BLE001 - reported to the orchestrator, which raises
+            answer = {"error": f"{type(exc).__name__}: {exc}"}
+        print(MARK + json.dumps(answer), flush=True)
+
+
+if __name__ == "__main__":
+    worker_main()

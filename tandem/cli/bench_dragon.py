@@ -1,0 +1,56 @@
+"""`tandem bench dragon ...`: DRAGON's network figures (Fig. 6 + Theorem 6.2, Fig. 7)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+app = typer.Typer(no_args_is_help=True)
+
+OUT = typer.Option(Path("bench/results"), "--out", help="Folder for the JSON and PNG results.")
+QUICK = typer.Option(False, "--quick", help="Tiny scale: 2 delays, 1 question, 8 tokens.")
+MODEL = typer.Option("qwen2.5-coder-0.5b", "--model", help="Model of both sides.")
+DELAYS = typer.Option(None, "--delay", help="Extra one-way delays in ms (repeatable).")
+PUBLIC = typer.Option("stdlib", "--public", help="Cloud corpus: stdlib, a folder or an index.")
+PRIVATE = typer.Option(None, "--private", help="Device corpus (default examples/private-notes).")
+
+
+@app.command("latency")
+def latency(
+    quick: bool = QUICK,
+    model: str = MODEL,
+    delays: list[float] = DELAYS,
+    tokens: int = typer.Option(0, "--tokens", help="New tokens per run (0: 24, quick 8)."),
+    questions: int = typer.Option(0, "--questions", help="How many questions (0: all)."),
+    public: str = PUBLIC,
+    private: str = PRIVATE,
+    out: Path = OUT,
+) -> None:
+    """Per-token latency vs network latency (Fig. 6) and Theorem 6.2, device and cloud as
+    processes in the emulated network."""
+    from tandem.bench.dragon_latency import run
+
+    run(
+        out=out, quick=quick, model=model, delays=tuple(delays or ()) or None, tokens=tokens or None,
+        questions=questions or None, public=public, private=private,
+    )  # fmt: skip
+
+
+@app.command("ttft")
+def ttft(
+    quick: bool = QUICK,
+    model: str = MODEL,
+    delays: list[float] = DELAYS,
+    questions: int = typer.Option(0, "--questions", help="How many questions (0: all)."),
+    public: str = PUBLIC,
+    private: str = PRIVATE,
+    out: Path = OUT,
+) -> None:
+    """Time to first token vs network latency (Fig. 7), with the DRCG document transfers."""
+    from tandem.bench.dragon_ttft import run
+
+    run(
+        out=out, quick=quick, model=model, delays=tuple(delays or ()) or None,
+        questions=questions or None, public=public, private=private,
+    )  # fmt: skip
