@@ -11,7 +11,7 @@ import sys
 
 import typer
 
-from tandem.cli import bench, cloud, demo, device, generate, index, models, net, rapid
+from tandem.cli import bench, cloud, config, demo, device, generate, index, models, net, rapid
 from tandem.errors import TandemError
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__.splitlines()[0])
@@ -22,6 +22,7 @@ app.add_typer(index.app, name="index", help="Build and query retrieval indexes."
 app.add_typer(cloud.app, name="cloud", help="The cloud side: serve device sessions.")
 app.add_typer(device.app, name="device", help="The device side: run a generation.")
 app.add_typer(rapid.app, name="rapid", help="RAPID: RAG drafter, long-context target.")
+app.add_typer(config.app, name="config", help="Show the effective config (--config FILE).")
 app.command("generate")(generate.generate)
 app.command("demo")(demo.demo)
 

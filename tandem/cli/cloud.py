@@ -1,68 +1,115 @@
-"""`tandem cloud serve`: the cloud side; serves device sessions until interrupted."""
+"""`tandem cloud serve`: the cloud side; serves many device sessions until interrupted.
+
+Settings come from the defaults, then `--config FILE` (its `[cloud]` section, see
+tandem.serve.settings), then the flags given on the command line; the secret only from
+`--secret` / `$TANDEM_SECRET`.
+"""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import typer
 
 app = typer.Typer(no_args_is_help=True)
 
 
+def cloud_settings(config: Path | None, flags: dict[str, object]):
+    """The file's `[cloud]` section (if any) with the flags given explicitly put over it."""
+    from tandem.serve.settings import CloudServeSettings, load_settings, merge_flags
+
+    base = load_settings(config).cloud if config else CloudServeSettings()
+    given = {k: v for k, v in flags.items() if v is not None and v != []}
+    return merge_flags(base, given)
+
+
 @app.command("serve")
 def serve(
+    config: Path = typer.Option(None, "--config", help="TOML/YAML file; flags override it."),
     mode: list[str] = typer.Option(
-        ["spec", "ar"], "--mode", help="Modes to serve (repeat): spec, ar, dragon."
+        None, "--mode", help="Modes to serve (repeat): spec, ar, dragon [spec, ar]."
     ),
     corpus: str = typer.Option(
         None, "--corpus", help="DRAGON: this side's corpus (folder, index, 'stdlib'); adds dragon."
     ),
-    docs: int = typer.Option(2, "--docs", help="DRAGON: documents per side (latency profile)."),
+    docs: int = typer.Option(None, "--docs", help="DRAGON: documents per side [2]."),
     model: str = typer.Option(
-        "qwen2.5-coder-1.5b", "--model", "-m", help="Target model name or local HF directory."
+        None, "--model", "-m", help="Target model name or local HF directory [qwen2.5-coder-1.5b]."
     ),
-    host: str = typer.Option("127.0.0.1", help="Address to listen on."),
-    port: int = typer.Option(7700, help="Port to listen on (0: any free port)."),
+    host: str = typer.Option(None, help="Address to listen on [127.0.0.1]."),
+    port: int = typer.Option(None, help="Port to listen on (0: any free port) [7700]."),
     secret: str = typer.Option(
         None, "--secret", envvar="TANDEM_SECRET", help="Shared secret for HMAC auth."
     ),
     delay: float = typer.Option(
-        0.0, "--delay", help="Emulated one-way delay (ms) on the cloud -> device direction."
+        None, "--delay", help="Emulated one-way delay (ms) on the cloud -> device direction [0]."
     ),
-    threads: int = typer.Option(1, "--threads", min=1, help="torch intra-op threads."),
+    threads: int = typer.Option(None, "--threads", help="torch intra-op threads [1]."),
+    max_sessions: int = typer.Option(None, "--max-sessions", help="Sessions open at once [64]."),
+    max_context: int = typer.Option(
+        None, "--max-context", help="Prompt + generation tokens per session [32768]."
+    ),
+    max_queued_tokens: int = typer.Option(
+        None, "--max-queued-tokens", help="Verification tokens queued before refusing [4096]."
+    ),
+    batch_window_ms: float = typer.Option(
+        None, "--batch-window-ms", help="Wait for other sessions' verifications (ms) [2.0]."
+    ),
+    metrics_port: int = typer.Option(
+        None, "--metrics-port", help="Serve GET /metrics on 127.0.0.1:PORT [off]."
+    ),
+    log_format: str = typer.Option(None, "--log-format", help="Session logs: text or json."),
 ) -> None:
     """Serve speculative decoding (and the cloud-AR baseline) to devices over TCP."""
+    flags = {k: v for k, v in locals().items() if k not in ("config", "secret")}
     import asyncio
+    import logging
 
     import torch
 
     from tandem.models.registry import load_model
-    from tandem.serve.cloud import CloudResources, CloudServer, cloud_transport
+    from tandem.serve.admission import CloudLimits
+    from tandem.serve.cloud import CloudServer, cloud_resources, cloud_transport
+    from tandem.serve.cloud_metrics import session_logger
     from tandem.transport import LinkConfig
 
-    torch.set_num_threads(threads)
-    if corpus and "dragon" not in mode:
-        mode = [*mode, "dragon"]
-    server_check = CloudServer(CloudResources(lm=None), modes=mode)  # bad --mode: fail fast
-    del server_check
-    lm = load_model(model)
-    transport = cloud_transport(
-        lm, secret=secret, link=LinkConfig(delay_ms=delay) if delay else None
-    )
-    resources = CloudResources(lm=lm)
-    if corpus:
+    s = cloud_settings(config, flags)
+    modes = list(s.mode)
+    if s.corpus and "dragon" not in modes:
+        modes.append("dragon")
+    CloudServer(cloud_resources(None, batching=False), modes=modes)  # bad --mode: fail fast
+    if s.log_format == "text":
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    torch.set_num_threads(s.threads)
+    lm = load_model(s.model)
+    link = LinkConfig(delay_ms=s.delay) if s.delay else None
+    transport = cloud_transport(lm, secret=secret, link=link)
+    resources = cloud_resources(lm, batch_window_ms=s.batch_window_ms, max_sessions=s.max_sessions)
+    if s.corpus:
         from tandem.serve.dragon_session import load_side
 
-        resources.extra["dragon"] = load_side(corpus=corpus, model=model, docs=docs, lm=lm)
-    cloud = CloudServer(resources, modes=mode)
+        resources.extra["dragon"] = load_side(corpus=s.corpus, model=s.model, docs=s.docs, lm=lm)
+    limits = CloudLimits(
+        max_sessions=s.max_sessions,
+        max_context=s.max_context,
+        max_queued_tokens=s.max_queued_tokens,
+    )
+    cloud = CloudServer(
+        resources, modes=modes, limits=limits, on_record=session_logger(s.log_format)
+    )
 
     async def main() -> None:
-        server = await cloud.start(host, port, transport=transport)
+        server = await cloud.start(s.host, s.port, transport=transport, metrics_port=s.metrics_port)
         typer.echo(
-            f"tandem cloud: {model} serving {', '.join(mode)} on {server.host}:{server.port}"
+            f"tandem cloud: {s.model} serving {', '.join(modes)} on {server.host}:{server.port}"
         )
+        if cloud.metrics_port is not None:
+            typer.echo(f"tandem cloud: metrics on http://127.0.0.1:{cloud.metrics_port}/metrics")
         try:
             await server.serve_forever()
         finally:
             await server.close()
+            await cloud.close()
 
     try:
         asyncio.run(main())

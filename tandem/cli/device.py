@@ -142,3 +142,56 @@ def run(
     Console(stderr=True).print(summary_table(report))
     if json_out is not None:
         json_out.write_text(json.dumps(report.to_json(), indent=1))
+
+
+@app.command("serve")
+def serve(
+    config: Path = typer.Option(None, "--config", help="TOML/YAML file; flags override it."),
+    cloud: str = typer.Option(None, "--cloud", help="HOST:PORT of `tandem cloud serve`."),
+    mode: str = typer.Option(None, "--mode", help="local, spec, dragon or rapid [spec]."),
+    model: str = typer.Option(None, "--model", "-m", help="Device model [qwen2.5-coder-0.5b]."),
+    served_model_name: str = typer.Option(None, help="Model name clients use [--model]."),
+    listen: str = typer.Option(None, "--listen", help="HOST:PORT of the API [127.0.0.1:8000]."),
+    corpus: str = typer.Option(None, "--corpus", help="dragon: the device's private corpus."),
+    strategy: str = typer.Option(None, help="dragon: aggregator strategy [dragon]."),
+    docs: int = typer.Option(None, "--docs", help="dragon: documents per side [2]."),
+    pipeline: str = typer.Option(None, "--pipeline", help="spec: sync or async [async]."),
+    codec: str = typer.Option(None, "--codec", help="spec: uplink codec [dense]."),
+    codec_param: list[str] = typer.Option([], "--codec-param", help="NAME=VALUE, e.g. k=8."),
+    draft_len: int = typer.Option(None, "--draft-len", help="spec: drafts per block [4]."),
+    bit_budget: int = typer.Option(None, "--bit-budget", help="SQS-SD: payload bits per block."),
+    downlink_k: int = typer.Option(None, "--downlink-k", help="separate: top-K sent down [10]."),
+    fast_verify: bool = typer.Option(None, "--fast-verify/--no-fast-verify"),
+    truncate_factor: float = typer.Option(None, "--truncate-factor", help="0 = off [2]."),
+    max_context: int = typer.Option(None, "--max-context", help="Prompt + completion [4096]."),
+    max_tokens: int = typer.Option(None, "--max-tokens", help="Largest max_tokens [1024]."),
+    default_max_tokens: int = typer.Option(None, help="max_tokens when a request has none."),
+    connect_timeout: float = typer.Option(None, help="Seconds to reach the cloud [3]."),
+    delay: float = typer.Option(None, "--delay", help="Emulated one-way delay (ms) upstream."),
+    threads: int = typer.Option(None, "--threads", help="torch intra-op threads [1]."),
+    log_format: str = typer.Option(None, "--log-format", help="text or json [text]."),
+) -> None:
+    """Serve the OpenAI API (/v1/completions, /v1/chat/completions) on the device; the secret
+    comes from $TANDEM_SECRET."""
+    flags = dict(locals())  # first: only the parameters
+    flags.pop("config")
+    import torch
+
+    from tandem.models.registry import load_model
+    from tandem.serve.api.server import build_backend, serve_forever
+    from tandem.serve.settings import device_settings
+
+    flags["codec_params"] = parse_params(flags.pop("codec_param"))
+    settings = device_settings(config, flags)
+    torch.set_num_threads(settings.threads)
+    lm = load_model(settings.model)
+    backend = build_backend(settings, lm)
+
+    def ready(host: str, port: int) -> None:
+        where = "" if settings.mode == "local" else f" with the cloud at {settings.cloud}"
+        typer.echo(
+            f"tandem device: {settings.model} ({settings.mode}){where} on http://{host}:{port}"
+        )
+        sys.stdout.flush()
+
+    serve_forever(settings, backend, on_ready=ready)

@@ -121,6 +121,10 @@ class CausalLM(Protocol):
         """Batch single-row states with different lengths into one left-padded state."""
         ...
 
+    def split_rows(self, state: State) -> list[State]:
+        """The inverse of `stack`: one single-row state per row, left padding removed."""
+        ...
+
     def save_state(self, state: State, path: Path) -> None:
         """Write a state (KV cache, ids, logits) to a safetensors file, atomically."""
         ...

@@ -177,6 +177,33 @@ class HFCausalLM:
             cache.update(torch.cat(ks), torch.cat(vs), i)
         return State(ids=torch.cat(ids), pads=pads, logits=torch.cat(logits), cache=cache)
 
+    def split_rows(self, state: State) -> list[State]:
+        """The inverse of `stack`: one single-row state per row, its left padding removed.
+
+        Each returned state owns copies of its row's ids, KV cache and logits (nothing keeps the
+        batched tensors alive) and continues decoding exactly as the row would alone.
+        """
+        tensors = _cache_tensors(state.cache)
+        rows: list[State] = []
+        for row, pad in enumerate(state.pads):
+            cache = self._new_cache()
+            for i, (k, v) in enumerate(tensors):  # [batch, heads, seq_len, head_dim]
+                cache.update(
+                    k[row : row + 1, :, pad:].clone(), v[row : row + 1, :, pad:].clone(), i
+                )
+            logits = None if state.logits is None else state.logits[row : row + 1].clone()
+            recent = state.recent_logits
+            rows.append(
+                State(
+                    ids=state.ids[row : row + 1, pad:].clone(),
+                    pads=[0],
+                    logits=logits,
+                    cache=cache,
+                    recent_logits=None if recent is None else recent[row : row + 1].clone(),
+                )
+            )
+        return rows
+
     # -- persistence ------------------------------------------------------------------------
 
     def save_state(self, state: State, path: Path) -> None:

@@ -6,21 +6,34 @@ Words used here:
   resources)`). `MODES` is the registry; a new protocol plugs in by adding an entry (DRAGON's
   `serve_cloud(channel, lm=..., knowledge=..., first=first)` and RAPID's cloud side fit as is,
   their resources going into `CloudResources.extra`).
-- *resources*: what the modes share: the target model and anything mode-specific.
+- *resources*: what the modes share: the target model, the verification batcher (spec mode:
+  verifications of different sessions that are ready together run as one forward pass, see
+  tandem.serve.batcher), the metrics, and anything mode-specific.
+- *admission*: a new session is checked against `CloudLimits` when its first message arrives
+  (tandem.serve.admission); a refused device gets an `Error` naming the limit.
+- *record*: one JSON-able dict per session start / end / refusal (tandem.serve.cloud_metrics).
 
 Model forward passes run in worker threads; the model's own lock serialises them, so sessions
-share one model safely (one forward pass at a time).
+share one model safely (one forward pass at a time). A session's state (its KV cache) lives in
+its mode's session object only, so it is freed when the session ends (tested with weakrefs).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import itertools
 import logging
+import time
+import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from tandem.errors import TandemError
 from tandem.models.base import CausalLM
+from tandem.serve.admission import CloudLimits, admit, context_tokens
+from tandem.serve.batcher import VerifyBatcher
+from tandem.serve.cloud_metrics import CloudMetrics, serve_metrics
 from tandem.transport import ChannelClosed, Error, Message, Server, TransportConfig, serve
 
 log = logging.getLogger(__name__)
@@ -30,7 +43,13 @@ log = logging.getLogger(__name__)
 class CloudResources:
     lm: CausalLM  # the target model
     extra: dict = field(default_factory=dict)  # mode-specific resources (e.g. knowledge)
-    reports: list = field(default_factory=list)  # (mode, result) of every finished session
+    reports: list = field(default_factory=list)  # (mode, result) of the last MAX_REPORTS sessions
+    batcher: VerifyBatcher | None = None  # cross-session verification batching (spec mode)
+    metrics: CloudMetrics | None = None
+    live: weakref.WeakSet = field(default_factory=weakref.WeakSet)  # session objects alive
+
+
+MAX_REPORTS = 1000
 
 
 @dataclass(frozen=True)
@@ -54,7 +73,14 @@ def _spec_start_mode(msg: Message) -> str | None:
 async def _serve_spec(channel, first: Message, resources: CloudResources):
     from tandem.protocols.spec.cloud import serve_session
 
-    return await serve_session(channel, resources.lm, first=first)
+    return await serve_session(
+        channel,
+        resources.lm,
+        first=first,
+        batcher=resources.batcher,
+        observer=resources.metrics,
+        live=resources.live,
+    )
 
 
 async def _serve_ar(channel, first: Message, resources: CloudResources):
@@ -90,7 +116,8 @@ MODES: dict[str, Mode] = {
 
 
 class CloudServer:
-    """Dispatches each session to the first enabled mode that recognises its first message."""
+    """Dispatches each session to the first enabled mode that recognises its first message,
+    after admission control; keeps the open sessions, metrics and session records."""
 
     def __init__(
         self,
@@ -98,6 +125,8 @@ class CloudServer:
         *,
         modes: list[str] | None = None,
         registry: dict[str, Mode] | None = None,
+        limits: CloudLimits | None = None,
+        on_record: Callable[[dict], None] | None = None,
     ) -> None:
         registry = MODES if registry is None else registry
         names = list(registry) if modes is None else modes
@@ -108,27 +137,130 @@ class CloudServer:
             )
         self.resources = resources
         self.modes = [registry[name] for name in names]
+        self.limits = limits or CloudLimits()
+        self.on_record = on_record
+        self.open: dict[object, str] = {}  # channel -> session id, of the sessions being served
+        self._ids = itertools.count(1)
+        self._metrics_server: asyncio.Server | None = None
 
     async def handle(self, channel) -> None:
+        started = time.monotonic()
+        session = getattr(getattr(channel, "session", None), "session_id", "") or ""
+        session = session or f"local-{next(self._ids)}"
         try:
             first = await channel.recv()
         except ChannelClosed:
             return
-        for mode in self.modes:
-            if mode.matches(first):
-                result = await mode.serve(channel, first, self.resources)
-                self.resources.reports.append((mode.name, result))
-                return
-        names = ", ".join(m.name for m in self.modes)
-        with contextlib.suppress(ChannelClosed):
-            await channel.send(Error(code="mode", message=f"this cloud serves only: {names}"))
+        mode = next((m for m in self.modes if m.matches(first)), None)
+        if mode is None:
+            names = ", ".join(m.name for m in self.modes)
+            with contextlib.suppress(ChannelClosed):
+                await channel.send(Error(code="mode", message=f"this cloud serves only: {names}"))
+            return
+        batcher = self.resources.batcher
+        refusal = admit(
+            self.limits,
+            open_sessions=len(self.open),
+            queued_tokens=batcher.queued_tokens if batcher is not None else 0,
+            context=context_tokens(first),
+        )
+        if refusal is not None:
+            if self.resources.metrics is not None:
+                self.resources.metrics.refused(refusal.reason)
+            self._emit(_record("session_refused", session, mode.name, refusal=refusal.reason))
+            with contextlib.suppress(ChannelClosed):
+                await channel.send(Error(code="admission", message=refusal.message))
+            return
+        await self._serve(channel, first, mode, session, started)
 
-    async def start(self, host: str, port: int, *, transport: TransportConfig) -> Server:
-        """Listen on host:port (port 0: any free port, read `server.port`)."""
+    async def _serve(self, channel, first: Message, mode: Mode, session: str, started: float):
+        self.open[channel] = session
+        metrics = self.resources.metrics
+        if metrics is not None:
+            metrics.opened(mode.name, len(self.open))
+        self._emit(
+            _record(
+                "session_start", session, mode.name, prompt_tokens=len(getattr(first, "tokens", ()))
+            )
+        )
+        result, error = None, None
         try:
+            result = await mode.serve(channel, first, self.resources)
+            self.resources.reports.append((mode.name, result))
+            del self.resources.reports[:-MAX_REPORTS]
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            raise
+        finally:
+            del self.open[channel]
+            stats = result if isinstance(result, dict) else {}
+            record = _record(
+                "session_end",
+                session,
+                mode.name,
+                tokens=stats.get("tokens"),
+                drafts=stats.get("drafts_verified"),
+                accepted=stats.get("drafts_accepted"),
+                bytes_up=channel.bytes_received,
+                bytes_down=channel.bytes_sent,
+                duration_s=round(time.monotonic() - started, 4),
+                error=error if error else (None if result is not None else "ended early"),
+            )
+            if metrics is not None:
+                metrics.closed(record, len(self.open))
+            self._emit(record)
+
+    def _emit(self, record: dict) -> None:
+        if self.on_record is not None:
+            self.on_record(record)
+
+    def render_metrics(self) -> str:
+        """The text of GET /metrics (empty metrics if the resources have none)."""
+        metrics = self.resources.metrics or CloudMetrics()
+        return metrics.render(list(self.open))
+
+    async def start(
+        self, host: str, port: int, *, transport: TransportConfig, metrics_port: int | None = None
+    ) -> Server:
+        """Listen on host:port (port 0: any free port, read `server.port`); with
+        `metrics_port`, also serve GET /metrics on 127.0.0.1 (read `self.metrics_port`)."""
+        try:
+            if metrics_port is not None:
+                self._metrics_server = await serve_metrics(self.render_metrics, metrics_port)
             return await serve(self.handle, host, port, config=transport)
         except OSError as exc:
             raise TandemError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+
+    @property
+    def metrics_port(self) -> int | None:
+        server = self._metrics_server
+        return None if server is None else server.sockets[0].getsockname()[1]
+
+    async def close(self) -> None:
+        """Stop the metrics endpoint and the batcher (the transport server closes itself)."""
+        if self._metrics_server is not None:
+            self._metrics_server.close()
+            await self._metrics_server.wait_closed()
+            self._metrics_server = None
+        if self.resources.batcher is not None:
+            self.resources.batcher.close()
+
+
+def _record(event: str, session: str, mode: str, **fields) -> dict:
+    return {"event": event, "session": session, "mode": mode, **fields}
+
+
+def cloud_resources(
+    lm: CausalLM, *, batching: bool = True, batch_window_ms: float = 2.0, max_sessions: int = 64
+) -> CloudResources:
+    """Resources with metrics and (unless `batching` is False) a verification batcher."""
+    metrics = CloudMetrics()
+    batcher = None
+    if batching:
+        batcher = VerifyBatcher(
+            lm, window_ms=batch_window_ms, max_workers=max_sessions, on_batch=metrics.batch
+        )
+    return CloudResources(lm=lm, batcher=batcher, metrics=metrics)
 
 
 def cloud_transport(lm: CausalLM, *, secret: bytes | str | None, **kwargs) -> TransportConfig:

@@ -7,6 +7,9 @@
 
 `run_generation` connects (for the network modes), runs, closes, and returns a SpecReport.
 Connection problems surface as one-line TandemErrors (`ConnectError`, `HandshakeError`).
+The device's HTTP API (`tandem device serve`, docs/serving.md) lives in `tandem.serve.api`;
+its spec backend drives `tandem.protocols.spec.device.run_device` directly, so it can keep the
+committed tokens and finish alone when the cloud is lost.
 """
 
 from __future__ import annotations

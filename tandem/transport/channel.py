@@ -231,6 +231,11 @@ class FramedChannel:
                 await asyncio.wait_for(self._stream.drain(), 1.0)
             with contextlib.suppress(Exception):
                 self._stream.close()
+            wait_closed = getattr(self._stream, "wait_closed", None)
+            if wait_closed is not None:  # an emulated link still delivering its last bytes
+                with contextlib.suppress(Exception):
+                    async with asyncio.timeout(2.0):
+                        await wait_closed()
         current = asyncio.current_task()
         others = [t for t in self._tasks if t is not current]
         for task in others:

@@ -126,7 +126,19 @@ class EmulatedStream:
             self._pump.cancel()
         self.inner.close()
 
+    async def wait_closed(self) -> None:
+        """After close(): wait until the queued writes are out and the inner stream is closed."""
+        if self._pump is not None and not self._pump.done():
+            await asyncio.shield(self._pump)
+
     async def _deliver(self) -> None:
+        try:
+            await self._deliver_queued()
+        except asyncio.CancelledError:
+            self.inner.close()  # never leave the real socket open behind a cancelled pump
+            raise
+
+    async def _deliver_queued(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
             arrive, data = await self._queue.get()

@@ -7,6 +7,11 @@ of a block is here gets verified now, in one forward pass), drop stale ones, ver
 worker thread and send the verdict at once. A device Interrupt sets the verifier's cancel
 event (the target stops between layers) and rolls the cloud back. The session ends with the
 device's end message (answered with the cloud's measurements) or when the channel closes.
+
+With a `VerifyBatcher` (tandem.serve.batcher) the verifier's model is a `BatchedLM` and
+verification runs on the batcher's executor: the forward pass joins those of other sessions
+that are ready at the same time. Nothing else changes (same Verifier, same verdicts). An
+`observer` (the cloud's metrics) hears every verdict: drafts verified, accepted, tokens added.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import weakref
+from typing import Protocol
 
 from tandem.codecs import make_codec
 from tandem.errors import TandemError
@@ -22,6 +29,10 @@ from tandem.protocols.spec import wire
 from tandem.protocols.spec.config import SpecConfig
 from tandem.protocols.spec.verifier import Request, Verifier, merge
 from tandem.transport import ChannelClosed, Interrupt, TransportError, VerifyRequest
+
+
+class Observer(Protocol):
+    def verdict(self, drafts: int, accepted: int, tokens: int) -> None: ...
 
 
 def parse_start(msg) -> tuple[SpecConfig, list[int], str]:
@@ -39,10 +50,25 @@ def parse_start(msg) -> tuple[SpecConfig, list[int], str]:
 class CloudSession:
     """One speculative session on the cloud side."""
 
-    def __init__(self, channel, lm: CausalLM, config: SpecConfig, prompt: list[int]) -> None:
+    def __init__(
+        self,
+        channel,
+        lm: CausalLM,
+        config: SpecConfig,
+        prompt: list[int],
+        *,
+        batcher=None,  # a tandem.serve.batcher.VerifyBatcher, or None: this session's own passes
+        observer: Observer | None = None,
+    ) -> None:
         self.channel = channel
         self.lm = lm
         self.config = config
+        self.batcher = batcher
+        self.observer = observer
+        if batcher is not None:
+            from tandem.serve.batcher import BatchedLM
+
+            lm = BatchedLM(lm, batcher)
         self.verifier = Verifier(lm, prompt, config, eos_id=lm.tokenizer.eos_token_id)
         self.codec = None if config.separate else make_codec(config.codec, **config.codec_params)
         self.inbox: asyncio.Queue = asyncio.Queue()
@@ -55,11 +81,16 @@ class CloudSession:
             "merged_requests": 0,
             "interrupts": 0,
             "cancelled_verifications": 0,
+            "drafts_verified": 0,
+            "drafts_accepted": 0,
+            "tokens": 0,
         }
         self.output: list[int] = []
 
     async def run(self) -> dict:
         reader = asyncio.get_running_loop().create_task(self._read())
+        if self.batcher is not None:
+            self.batcher.attach()
         try:
             start = time.perf_counter()
             await asyncio.to_thread(self.verifier.prefill)
@@ -71,6 +102,8 @@ class CloudSession:
             )
             await self._loop()
         finally:
+            if self.batcher is not None:
+                self.batcher.detach()
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
@@ -112,6 +145,7 @@ class CloudSession:
                     self.verifier.rollback(msg.position, msg.seq)
                 elif wire.control_kind(msg) == wire.END:
                     self.output = [int(t) for t in msg.tokens]
+                    self._count_tokens(len(self.output))  # incl. tokens only the device saw
                     await self._send_stats()
                     return
             await self._verify_all(requests)
@@ -125,12 +159,33 @@ class CloudSession:
                 continue
             self.verifier.cancel.clear()
             try:
-                result = await asyncio.to_thread(self.verifier.verify, request)
+                result = await self._run_verify(request)
             except Cancelled:
                 self.stats["cancelled_verifications"] += 1
                 return  # an Interrupt is waiting in the inbox
             self.stats["verify_s"].append(result.verify_s)
+            drafts = min(len(request.drafts), self.config.max_new_tokens - result.position)
+            drafts = min(max(0, drafts), result.num_accepted + (1 if result.rejected else 0))
+            self.stats["drafts_verified"] += drafts
+            self.stats["drafts_accepted"] += result.num_accepted
+            if self.observer is not None:
+                self.observer.verdict(drafts, result.num_accepted, 0)
+            self._count_tokens(self.verifier.frontier)
             await self.channel.send(wire.result_message(result))
+
+    def _count_tokens(self, total: int) -> None:
+        """The session has `total` output tokens: tell the observer about the new ones."""
+        new = total - self.stats["tokens"]
+        if new > 0:
+            self.stats["tokens"] = total
+            if self.observer is not None:
+                self.observer.verdict(0, 0, new)
+
+    async def _run_verify(self, request: Request):
+        if self.batcher is None:
+            return await asyncio.to_thread(self.verifier.verify, request)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.batcher.executor, self.verifier.verify, request)
 
     async def _send_stats(self) -> None:
         stats = dict(self.stats)
@@ -144,9 +199,19 @@ class CloudSession:
             await self.channel.send(wire.control_message(wire.STATS, stats))
 
 
-async def serve_session(channel, lm: CausalLM, *, first=None) -> dict | None:
+async def serve_session(
+    channel,
+    lm: CausalLM,
+    *,
+    first=None,
+    batcher=None,
+    observer: Observer | None = None,
+    live: weakref.WeakSet | None = None,
+) -> dict | None:
     """The cloud side of one speculative session; returns the cloud's stats, or None if the
-    peer left or sent a bad start message (it is told why)."""
+    peer left or sent a bad start message (it is told why). `batcher`: verify in batches with
+    other sessions; `observer`: told every verdict; `live`: the session object is added to it
+    (a weak set: the caller can check that finished sessions are freed)."""
     try:
         msg = first if first is not None else await channel.recv()
     except ChannelClosed:
@@ -159,7 +224,9 @@ async def serve_session(channel, lm: CausalLM, *, first=None) -> dict | None:
         with contextlib.suppress(TransportError):
             await channel.send(wire.error_message(f"bad start message: {exc}"))
         return None
-    session = CloudSession(channel, lm, config, prompt)
+    session = CloudSession(channel, lm, config, prompt, batcher=batcher, observer=observer)
+    if live is not None:
+        live.add(session)
     try:
         return await session.run()
     except (ValueError, TandemError) as exc:

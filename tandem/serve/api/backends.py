@@ -1,0 +1,287 @@
+"""One generation in one mode, behind a one-method protocol (`Backend.generate`).
+
+Words used here:
+- *params*: what a request asks for (`GenParams`: token budget, sampling, seed, and the raw
+  text for the modes that build their own prompt).
+- *on_token(token_id)*: called in order for every token the answer commits, as soon as it is
+  known. It may raise `StopGeneration` (a stop string was seen, the client left); a backend
+  then ends at once and returns what it has.
+- *degraded*: the cloud was unreachable or died; the device finished the answer with its own
+  model from the tokens already committed (none lost, none repeated). `degraded_at` is the
+  first position the device produced alone.
+
+`generate` is synchronous and runs in the engine's worker thread (it may run its own event
+loop); backends connect to the cloud per request, so a cloud that comes back is used again by
+the next request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from tandem.config import SamplingConfig
+from tandem.errors import TandemError
+from tandem.models.base import CausalLM
+from tandem.transport import TransportConfig, TransportError
+
+OnToken = Callable[[int], None]
+
+
+class StopGeneration(Exception):
+    """Raised by on_token: end the generation now (stop string seen, client gone)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class GenParams:
+    max_tokens: int
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float | None = None
+    seed: int = 0
+    question: str = ""  # the user's own text (dragon / rapid build their prompts from it)
+    context: str | None = None  # rapid: the device's local text (C^S), per request
+
+
+@dataclass
+class GenResult:
+    tokens: list[int]
+    finish_reason: str  # "length" | "eos" | "stop" (ended by on_token)
+    degraded: bool = False
+    degraded_reason: str = ""
+    degraded_at: int | None = None
+    info: dict = field(default_factory=dict)  # the mode's numbers for the `tandem` object
+
+
+class Backend(Protocol):
+    mode: str
+    lm: CausalLM  # the device model (its tokenizer renders prompts)
+    needs_context: bool  # rapid: a request must carry `tandem_context`
+
+    def generate(self, prompt_ids: list[int], params: GenParams, on_token: OnToken) -> GenResult:
+        """One generation; see the module docstring."""
+        ...
+
+    async def cloud_reachable(self) -> bool | None:
+        """Whether a session with the cloud opens now (None: this mode has no cloud)."""
+        ...
+
+
+class Recorder:
+    """Wraps on_token, keeping the committed tokens (a fallback continues from them)."""
+
+    def __init__(self, on_token: OnToken) -> None:
+        self.tokens: list[int] = []
+        self._on_token = on_token
+
+    def __call__(self, token: int) -> None:
+        self.tokens.append(token)
+        self._on_token(token)
+
+
+def finish_of(tokens: list[int], eos_id: int | None) -> str:
+    return "eos" if tokens and eos_id is not None and tokens[-1] == eos_id else "length"
+
+
+def local_continue(
+    lm: CausalLM, prompt_ids: list[int], params: GenParams, recorder: Recorder
+) -> None:
+    """The device model alone, from prompt + the tokens already committed, to the budget."""
+    from tandem.protocols.local import generate
+
+    left = params.max_tokens - len(recorder.tokens)
+    eos = lm.tokenizer.eos_token_id
+    if left <= 0 or (recorder.tokens and recorder.tokens[-1] == eos):
+        return
+    config = SamplingConfig(
+        temperature=params.temperature,
+        top_p=params.top_p,
+        seed=params.seed + len(recorder.tokens),
+        max_new_tokens=left,
+    )
+    generate(lm, [*prompt_ids, *recorder.tokens], config, on_token=lambda t, _: recorder(t))
+
+
+async def settle(timeout: float = 2.0) -> None:
+    """Let this loop's other tasks end (an emulated link delivers the close it queued) before
+    asyncio.run cancels them: a cancelled delivery would leave the socket open."""
+    others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    if others:
+        await asyncio.wait(others, timeout=timeout)
+
+
+async def probe_cloud(host: str, port: int, transport: TransportConfig) -> bool:
+    """Open a session (handshake included) and close it at once."""
+    from tandem.transport import connect
+
+    try:
+        channel = await connect(host, port, config=transport)
+    except (TransportError, TandemError, OSError):
+        return False
+    with contextlib.suppress(TransportError, OSError):
+        await channel.close("health probe")
+    return True
+
+
+class FakeBackend:
+    """A scripted backend for HTTP tests: emits `script` (cycled) without any model."""
+
+    needs_context = False
+
+    def __init__(self, lm, script: list[int], *, mode: str = "fake", degraded: bool = False):
+        self.lm, self.script, self.mode, self.degraded = lm, script, mode, degraded
+        self.calls: list[tuple[list[int], GenParams]] = []
+
+    def generate(self, prompt_ids: list[int], params: GenParams, on_token: OnToken) -> GenResult:
+        self.calls.append((list(prompt_ids), params))
+        recorder = Recorder(on_token)
+        try:
+            for i in range(params.max_tokens):
+                recorder(self.script[i % len(self.script)])
+                if recorder.tokens[-1] == self.lm.tokenizer.eos_token_id:
+                    break
+        except StopGeneration:
+            return GenResult(recorder.tokens, "stop", info={"calls": len(self.calls)})
+        reason = "scripted" if self.degraded else ""
+        return GenResult(
+            recorder.tokens,
+            finish_of(recorder.tokens, self.lm.tokenizer.eos_token_id),
+            degraded=self.degraded,
+            degraded_reason=reason,
+            degraded_at=0 if self.degraded else None,
+            info={"calls": len(self.calls)},
+        )
+
+    async def cloud_reachable(self) -> bool | None:
+        return None
+
+
+class LocalBackend:
+    """The device model alone (tandem.protocols.local.generate)."""
+
+    mode = "local"
+    needs_context = False
+
+    def __init__(self, lm: CausalLM) -> None:
+        self.lm = lm
+
+    def generate(self, prompt_ids: list[int], params: GenParams, on_token: OnToken) -> GenResult:
+        recorder = Recorder(on_token)
+        try:
+            local_continue(self.lm, prompt_ids, params, recorder)
+        except StopGeneration:
+            return GenResult(recorder.tokens, "stop")
+        return GenResult(
+            recorder.tokens, finish_of(recorder.tokens, self.lm.tokenizer.eos_token_id)
+        )
+
+    async def cloud_reachable(self) -> bool | None:
+        return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpecSettings:
+    """The speculative-decoding knobs of `tandem device serve` (SpecConfig minus sampling)."""
+
+    pipeline: str = "async"
+    codec: str = "dense"
+    codec_params: dict = field(default_factory=dict)
+    draft_len: int = 4
+    bit_budget: int | None = None
+    downlink_k: int = 10
+    fast_verify: bool = True
+    truncate_factor: float = 2.0
+
+
+class SpecBackend:
+    """Device drafts, cloud verifies (`tandem cloud serve`); falls back to the device model."""
+
+    mode = "spec"
+    needs_context = False
+
+    def __init__(
+        self,
+        lm: CausalLM,
+        *,
+        host: str,
+        port: int,
+        transport: TransportConfig,
+        spec: SpecSettings | None = None,
+    ) -> None:
+        self.lm, self.host, self.port, self.transport = lm, host, port, transport
+        self.spec = spec or SpecSettings()
+
+    def config(self, params: GenParams):
+        from tandem.protocols.spec.config import SpecConfig
+
+        spec = self.spec
+        return SpecConfig(
+            pipeline=spec.pipeline, codec=spec.codec, codec_params=spec.codec_params,
+            draft_len=spec.draft_len, bit_budget=spec.bit_budget, downlink_k=spec.downlink_k,
+            fast_verify=spec.fast_verify, truncate_factor=spec.truncate_factor,
+            temperature=params.temperature, top_p=params.top_p, seed=params.seed,
+            max_new_tokens=params.max_tokens, first_chunk=1,
+        )  # fmt: skip
+
+    async def _collaborate(self, prompt_ids, config, recorder: Recorder, info: dict):
+        from tandem.protocols.spec.device import run_device
+        from tandem.transport import connect
+
+        start = time.perf_counter()
+        channel = await connect(self.host, self.port, config=self.transport)
+        info["connect_s"] = time.perf_counter() - start
+        try:
+            report = await run_device(
+                channel, self.lm, prompt_ids, config, on_token=recorder, close=False
+            )
+            summary = report.summary()
+            info.update(
+                acceptance_rate=summary["acceptance_rate"],
+                accepted_len=summary["accepted_len_incl_bonus"],
+                verdicts=summary["verdicts"],
+                t_verify_ms=summary["t_verify_ms"],
+                network_ms=summary["network_ms"],
+            )
+        finally:
+            info["bytes_up"] = channel.bytes_sent
+            info["bytes_down"] = channel.bytes_received
+            rtt = channel.rtt
+            if rtt is None and info.get("network_ms"):
+                rtt = info["network_ms"] / 1e3
+            info["rtt_s"] = rtt
+            with contextlib.suppress(TransportError, OSError):
+                await channel.close("spec done")
+            await settle()
+
+    def generate(self, prompt_ids: list[int], params: GenParams, on_token: OnToken) -> GenResult:
+        recorder = Recorder(on_token)
+        info: dict = {"bytes_up": 0, "bytes_down": 0}
+        eos = self.lm.tokenizer.eos_token_id
+        config = self.config(params)  # a bad setting is an error, not a reason to degrade
+        try:
+            asyncio.run(self._collaborate(prompt_ids, config, recorder, info))
+            return GenResult(recorder.tokens, finish_of(recorder.tokens, eos), info=info)
+        except StopGeneration:
+            return GenResult(recorder.tokens, "stop", info=info)
+        except (TandemError, TransportError, OSError) as exc:
+            reason = " ".join(str(exc).split()) or type(exc).__name__
+        degraded_at = len(recorder.tokens)
+        try:
+            local_continue(self.lm, prompt_ids, params, recorder)
+            finish = finish_of(recorder.tokens, eos)
+        except StopGeneration:
+            finish = "stop"
+        return GenResult(
+            recorder.tokens,
+            finish,
+            degraded=True,
+            degraded_reason=reason,
+            degraded_at=degraded_at,
+            info=info,
+        )
+
+    async def cloud_reachable(self) -> bool | None:
+        return await probe_cloud(self.host, self.port, self.transport)

@@ -1,0 +1,179 @@
+"""The backends whose modes build their own prompts from retrieved text: dragon and rapid.
+
+Words used here:
+- *question*: the user's text (`GenParams.question`); DRAGON puts it after each side's
+  retrieved documents, RAPID after the device's local text (C^S).
+- *dragon*: `tandem.protocols.dragon` against `tandem cloud serve --corpus ...`, with the
+  device's private corpus loaded once (`tandem.serve.dragon_session.load_side`). DRAGON
+  degrades by itself when the cloud dies mid-generation (`SideReport.degraded`); a cloud that
+  cannot be reached at the start is replaced by the device model alone on the plain prompt.
+- *rapid*: `tandem.protocols.rapid.edge.device_generate` against a RAPID cloud
+  (`tandem rapid serve`); every request carries its local text in `tandem_context`. RAPID
+  returns its tokens at the end of the generation, so a stream gets them in one burst.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from tandem.errors import TandemError
+from tandem.serve.api.backends import (
+    GenParams,
+    GenResult,
+    OnToken,
+    Recorder,
+    StopGeneration,
+    finish_of,
+    local_continue,
+    probe_cloud,
+    settle,
+)
+from tandem.transport import TransportConfig, TransportError
+
+
+class _Swallow:
+    """DRAGON's on_token must not raise inside its event handlers: after a StopGeneration the
+    remaining tokens are dropped (the session runs to its own end)."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        self.recorder, self.stopped = recorder, False
+
+    def __call__(self, token: int, _piece: str = "") -> None:
+        if not self.stopped:
+            try:
+                self.recorder(token)
+            except StopGeneration:
+                self.stopped = True
+
+
+def _reason(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+class DragonBackend:
+    mode = "dragon"
+    needs_context = False
+
+    def __init__(
+        self, setup, *, host: str, port: int, transport: TransportConfig, strategy: str, docs: int
+    ) -> None:
+        self.setup, self.lm = setup, setup.lm
+        self.host, self.port, self.transport = host, port, transport
+        self.strategy, self.docs = strategy, docs
+
+    def generate(self, prompt_ids: list[int], params: GenParams, on_token: OnToken) -> GenResult:
+        from tandem.protocols.dragon import DragonConfig, connect_device
+
+        recorder = Recorder(on_token)
+        sink = _Swallow(recorder)
+        config = DragonConfig(
+            max_new_tokens=params.max_tokens, temperature=params.temperature, seed=params.seed,
+            docs_per_side=self.docs, strategy=self.strategy,
+        )  # fmt: skip
+
+        async def run():
+            try:
+                return await connect_device(
+                    self.host, self.port, transport=self.transport, lm=self.lm,
+                    knowledge=self.setup.knowledge, question=params.question, config=config,
+                    profile=self.setup.profile, on_token=sink,
+                )  # fmt: skip
+            finally:
+                await settle()
+
+        try:
+            report = asyncio.run(run())
+        except (TandemError, TransportError, OSError) as exc:
+            return self._alone(prompt_ids, params, recorder, _reason(exc))
+        summary = report.summary()
+        info = {
+            "bytes_up": report.bytes_sent,
+            "bytes_down": report.bytes_received,
+            "acceptance_rate": summary["acceptance_rate"],
+            "aggregated_by": summary["aggregated_by"],
+            "switches": summary["switches"],
+            "docs": len(report.docs),
+            "peer_docs": report.peer_docs,
+            "rtt_s": report.rtt_s,
+        }
+        finish = (
+            "stop" if sink.stopped else finish_of(recorder.tokens, self.lm.tokenizer.eos_token_id)
+        )
+        return GenResult(
+            recorder.tokens, finish, degraded=report.degraded,
+            degraded_reason=report.degraded_reason, degraded_at=report.degraded_at, info=info,
+        )  # fmt: skip
+
+    def _alone(self, prompt_ids, params, recorder: Recorder, reason: str) -> GenResult:
+        at = len(recorder.tokens)
+        try:
+            local_continue(self.lm, prompt_ids, params, recorder)
+            finish = finish_of(recorder.tokens, self.lm.tokenizer.eos_token_id)
+        except StopGeneration:
+            finish = "stop"
+        return GenResult(recorder.tokens, finish, degraded=True, degraded_reason=reason,
+                         degraded_at=at)  # fmt: skip
+
+    async def cloud_reachable(self) -> bool | None:
+        return await probe_cloud(self.host, self.port, self.transport)
+
+
+class RapidBackend:
+    mode = "rapid"
+    needs_context = True
+
+    def __init__(self, lm, *, host: str, port: int, transport: TransportConfig) -> None:
+        self.lm, self.host, self.port, self.transport = lm, host, port, transport
+
+    async def _collaborate(self, params: GenParams, config, info: dict):
+        from tandem.protocols.rapid.edge import device_generate
+        from tandem.transport import connect
+
+        channel = await connect(self.host, self.port, config=self.transport)
+        try:
+            result = await device_generate(
+                channel, self.lm, params.context or "", params.question, config
+            )
+        finally:
+            info["bytes_up"], info["bytes_down"] = channel.bytes_sent, channel.bytes_received
+            with contextlib.suppress(TransportError, OSError):
+                await channel.close("rapid done")
+            await settle()
+        return result
+
+    def generate(self, prompt_ids: list[int], params: GenParams, on_token: OnToken) -> GenResult:
+        from tandem.protocols.rapid.config import RapidConfig
+        from tandem.protocols.rapid.prompts import drafter_prompt
+
+        recorder = Recorder(on_token)
+        config = RapidConfig(
+            temperature=params.temperature, seed=params.seed, max_new_tokens=params.max_tokens
+        )
+        info: dict = {}
+        try:
+            result = asyncio.run(self._collaborate(params, config, info))
+        except (TandemError, TransportError, OSError) as exc:
+            ids = drafter_prompt(self.lm.tokenizer, params.context or "", params.question)
+            at = len(recorder.tokens)
+            try:
+                local_continue(self.lm, ids, params, recorder)
+                finish = finish_of(recorder.tokens, self.lm.tokenizer.eos_token_id)
+            except StopGeneration:
+                finish = "stop"
+            return GenResult(recorder.tokens, finish, degraded=True,
+                             degraded_reason=_reason(exc), degraded_at=at, info=info)  # fmt: skip
+        info.update(
+            acceptance_rate=result.accepted / result.drafted if result.drafted else None,
+            rounds=result.rounds,
+        )
+        try:
+            for token in result.tokens:
+                recorder(token)
+        except StopGeneration:
+            return GenResult(recorder.tokens, "stop", info=info)
+        return GenResult(recorder.tokens, finish_of(recorder.tokens, self.lm.tokenizer.eos_token_id),
+                         info=info)  # fmt: skip
+
+    async def cloud_reachable(self) -> bool | None:
+        return await probe_cloud(self.host, self.port, self.transport)

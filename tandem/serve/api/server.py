@@ -1,0 +1,170 @@
+"""From `DeviceServeSettings` to a running HTTP server (uvicorn), in the foreground or in a
+background thread (tests, notebooks).
+
+Words used here:
+- *listen*: HOST:PORT of the HTTP API (port 0: any free port; read `ServerThread.port`).
+- *cloud*: HOST:PORT of the cloud's tandem transport (`tandem cloud serve`).
+- The shared secret comes from `$TANDEM_SECRET` (or the `secret` argument), never a file.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+
+from tandem.errors import TandemError
+from tandem.serve.api.app import ApiLimits, create_app
+from tandem.serve.api.backends import Backend, GenParams, LocalBackend, SpecBackend, SpecSettings
+from tandem.serve.api.engine import Engine
+from tandem.serve.settings import DeviceServeSettings
+
+
+def split_hostport(value: str, what: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise TandemError(f"{what}: expected HOST:PORT, got {value!r}")
+    return host, int(port)
+
+
+def device_transport_for(lm, settings: DeviceServeSettings, secret):
+    """The TransportConfig of every session with the cloud (short timeouts: a dead cloud is
+    noticed within seconds and the device carries on alone)."""
+    from tandem.serve.device import device_transport
+    from tandem.transport import LinkConfig
+
+    return device_transport(
+        lm,
+        secret=secret,
+        link=LinkConfig(delay_ms=settings.delay) if settings.delay else None,
+        connect_timeout=settings.connect_timeout,
+        handshake_timeout=max(settings.connect_timeout, 2.0),
+        ping_interval=1.0,
+        dead_peer_timeout=5.0,
+    )
+
+
+def build_backend(settings: DeviceServeSettings, lm, *, secret=None) -> Backend:
+    """The backend of `settings.mode` for a loaded device model."""
+    if secret is None:
+        secret = os.environ.get("TANDEM_SECRET") or None
+    if settings.mode == "local":
+        return LocalBackend(lm)
+    host, port = split_hostport(settings.cloud, "--cloud")
+    transport = device_transport_for(lm, settings, secret)
+    if settings.mode == "spec":
+        spec = SpecSettings(
+            pipeline=settings.pipeline, codec=settings.codec, codec_params=settings.codec_params,
+            draft_len=settings.draft_len, bit_budget=settings.bit_budget,
+            downlink_k=settings.downlink_k, fast_verify=settings.fast_verify,
+            truncate_factor=settings.truncate_factor,
+        )  # fmt: skip
+        backend = SpecBackend(lm, host=host, port=port, transport=transport, spec=spec)
+        backend.config(GenParams(max_tokens=1))  # check the settings now, not per request
+        return backend
+    if settings.mode == "dragon":
+        from tandem.serve.api.retrieval import DragonBackend
+        from tandem.serve.dragon_session import load_side
+
+        if not settings.corpus:
+            raise TandemError("--mode dragon needs --corpus (the device's private corpus)")
+        setup = load_side(corpus=settings.corpus, model=settings.model, docs=settings.docs, lm=lm)
+        return DragonBackend(
+            setup, host=host, port=port, transport=transport, strategy=settings.strategy,
+            docs=settings.docs,
+        )  # fmt: skip
+    from tandem.serve.api.retrieval import RapidBackend
+
+    return RapidBackend(lm, host=host, port=port, transport=transport)
+
+
+def build_app(settings: DeviceServeSettings, backend: Backend):
+    """The FastAPI app (and its engine) serving `backend` under the settings' limits."""
+    names = tuple(dict.fromkeys(n for n in (settings.served_model_name, settings.model) if n))
+    limits = ApiLimits(
+        model_names=names,
+        max_context=settings.max_context,
+        max_tokens=settings.max_tokens,
+        default_max_tokens=settings.default_max_tokens,
+    )
+    engine = Engine(backend, log_format=settings.log_format)
+    return create_app(engine, limits, cloud=None if settings.mode == "local" else settings.cloud)
+
+
+def setup_logging(log_format: str) -> None:
+    logger = logging.getLogger("tandem.serve.api")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        fmt = "%(message)s" if log_format == "json" else "%(asctime)s %(levelname)s %(message)s"
+        handler.setFormatter(logging.Formatter(fmt))
+        logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+
+
+def _uvicorn_server(app, host: str, port: int):
+    import uvicorn
+
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level="warning", lifespan="off", access_log=False
+    )
+    return uvicorn.Server(config)
+
+
+def serve_forever(settings: DeviceServeSettings, backend: Backend, *, on_ready=None) -> None:
+    """Serve until interrupted (uvicorn handles SIGINT / SIGTERM)."""
+    host, port = split_hostport(settings.listen, "--listen")
+    app = build_app(settings, backend)
+    setup_logging(settings.log_format)
+    server = _uvicorn_server(app, host, port)
+    if on_ready is not None:
+        threading.Thread(target=_announce, args=(server, on_ready), daemon=True).start()
+    try:
+        server.run()
+    finally:
+        app.state.engine.shutdown()
+
+
+def _announce(server, on_ready) -> None:
+    while not server.started:
+        time.sleep(0.02)
+    sock = server.servers[0].sockets[0].getsockname()
+    on_ready(sock[0], sock[1])
+
+
+class ServerThread:
+    """uvicorn in a daemon thread on 127.0.0.1 (port 0 by default): `with ServerThread(app)`."""
+
+    def __init__(self, app, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.app = app
+        self.server = _uvicorn_server(app, host, port)
+        self.thread = threading.Thread(target=self.server.run, daemon=True, name="tandem-http")
+
+    def start(self, timeout: float = 30.0) -> ServerThread:
+        self.thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise TandemError("the HTTP server did not start")
+            time.sleep(0.01)
+        return self
+
+    @property
+    def port(self) -> int:
+        return self.server.servers[0].sockets[0].getsockname()[1]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+        self.app.state.engine.shutdown()
+
+    def __enter__(self) -> ServerThread:
+        return self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()

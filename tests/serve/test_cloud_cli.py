@@ -1,0 +1,57 @@
+"""`tandem cloud serve` with --config, the admission flags, --metrics-port and --log-format json,
+as a real process on loopback: file values apply, flags given override them, a refusal names
+its limit, /metrics answers, and every session leaves one JSON log line per event."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.request
+
+SECRET = "cli-secret"
+
+
+def tandem(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", "from tandem.cli import main; main()", *args],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def test_cloud_serve_config_flags_metrics_and_json_logs(tmp_path):
+    config = tmp_path / "tandem.toml"
+    config.write_text('[cloud]\nmodel = "tiny-qwen2-b"\nmax_context = 16\nlog_format = "text"\n')
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from tandem.cli import main; main()", "cloud", "serve",
+         "--config", str(config), "--port", "0", "--secret", SECRET, "--metrics-port", "0",
+         "--log-format", "json", "--batch-window-ms", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        line = proc.stdout.readline()
+        assert "tiny-qwen2-b serving" in line, proc.stderr.read() if proc.poll() else line
+        port = line.strip().rsplit(":", 1)[1]
+        metrics_url = proc.stdout.readline().split(" on ", 1)[1].strip()
+
+        def device(n: int) -> subprocess.CompletedProcess:
+            return tandem("device", "run", "--model", "tiny-qwen2", "--raw", "-p", "hi",
+                          "-n", str(n), "--port", port, "--secret", SECRET)  # fmt: skip
+
+        served = device(12)  # 2 + 12 tokens <= max_context 16 (from the file)
+        refused = device(20)
+        with urllib.request.urlopen(metrics_url, timeout=10) as response:
+            text = response.read().decode()
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=30)
+    assert served.returncode == 0, served.stderr
+    assert refused.returncode == 2
+    assert refused.stderr == (
+        "error: cloud error: context too long: 22 tokens (prompt + new) > max_context 16\n"
+    )
+    assert 'tandem_cloud_refusals_total{reason="max_context"} 1' in text
+    assert 'tandem_cloud_sessions_total{mode="spec"} 1' in text
+    records = [json.loads(x) for x in err.splitlines() if x.startswith("{")]  # --log-format json
+    assert [r["event"] for r in records] == ["session_start", "session_end", "session_refused"]
+    assert records[1]["tokens"] == 12 and records[2]["refusal"] == "max_context"
