@@ -38,6 +38,7 @@ def serve(
     ),
     host: str = typer.Option(None, help="Address to listen on [127.0.0.1]."),
     port: int = typer.Option(None, help="Port to listen on (0: any free port) [7700]."),
+    listen: str = typer.Option(None, "--listen", help="HOST:PORT, instead of --host/--port."),
     secret: str = typer.Option(
         None, "--secret", envvar="TANDEM_SECRET", help="Shared secret for HMAC auth."
     ),
@@ -61,7 +62,11 @@ def serve(
     log_format: str = typer.Option(None, "--log-format", help="Session logs: text or json."),
 ) -> None:
     """Serve speculative decoding (and the cloud-AR baseline) to devices over TCP."""
-    flags = {k: v for k, v in locals().items() if k not in ("config", "secret")}
+    flags = {k: v for k, v in locals().items() if k not in ("config", "secret", "listen")}
+    if listen:
+        from tandem.transport.proxy import parse_hostport
+
+        flags["host"], flags["port"] = parse_hostport(listen)
     import asyncio
     import logging
 

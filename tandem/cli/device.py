@@ -57,6 +57,9 @@ def run(
     model: str = typer.Option("qwen2.5-coder-0.5b", "--model", "-m", help="Device model."),
     host: str = typer.Option("127.0.0.1", help="Cloud address."),
     port: int = typer.Option(7700, help="Cloud port."),
+    cloud: str = typer.Option(
+        None, "--cloud", help="HOST:PORT of the cloud (instead of --host/--port)."
+    ),
     secret: str = typer.Option(None, "--secret", envvar="TANDEM_SECRET"),
     delay: float = typer.Option(
         0.0, "--delay", help="Emulated one-way delay (ms) on the device -> cloud direction."
@@ -80,7 +83,10 @@ def run(
     from tandem.protocols.spec.stats import summary_table
     from tandem.serve.device import DEVICE_MODES, device_transport, run_generation
     from tandem.transport import LinkConfig
+    from tandem.transport.proxy import parse_hostport
 
+    if cloud:
+        host, port = parse_hostport(cloud)
     if mode == "dragon":
         from tandem.cli.demo import run_dragon_device
 

@@ -48,3 +48,21 @@ def test_generate_with_real_model():
     out = tandem("generate", "-n", "16")
     assert out.returncode == 0, out.stderr
     assert "palindrome" in out.stdout.lower()  # greedy answer to the default prompt
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("cloud", "serve", "--listen", "nowhere"), ("device", "run", "--cloud", "nowhere")],
+)
+def test_bad_address_is_one_line(args):
+    out = tandem(*args)
+    assert out.returncode == 2
+    assert out.stderr.strip() == "error: expected HOST:PORT, got 'nowhere'"
+
+
+def test_bench_lists_dragon_figures_and_serve():
+    out = tandem("bench", "dragon", "--help")
+    assert out.returncode == 0
+    for command in ("latency", "ttft", "perplexity", "scheduling"):
+        assert command in out.stdout
+    assert "serve" in tandem("bench", "--help").stdout
