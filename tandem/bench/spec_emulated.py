@@ -71,8 +71,11 @@ class SleepLM:
         other: SleepLM | None = None,
         mix: float = 0.0,
         scale: float = 2.0,
+        key: str | None = None,
     ) -> None:
+        """`key` seeds the logits (default: `name`)."""
         self.name = name
+        self.key = name if key is None else key
         self.vocab_size = vocab_size
         self.tokenizer = ToyTokenizer(vocab_size)
         self.fingerprint = name
@@ -80,7 +83,7 @@ class SleepLM:
         self.other, self.mix, self.scale = other, mix, scale
 
     def row(self, context: tuple[int, ...]) -> torch.Tensor:  # [vocab]
-        digest = hashlib.blake2b(f"{self.name}:{context}".encode(), digest_size=8).digest()
+        digest = hashlib.blake2b(f"{self.key}:{context}".encode(), digest_size=8).digest()
         generator = torch.Generator().manual_seed(int.from_bytes(digest, "little") >> 1)
         own = self.scale * torch.randn(self.vocab_size, generator=generator)
         if self.other is None:
@@ -97,14 +100,20 @@ class SleepLM:
         if cancel is not None and cancel.is_set():
             raise Cancelled("decode cancelled")
 
+    def _prefill_wait(self, cancel: threading.Event | None) -> None:
+        self._sleep(self.prefill_s, cancel)
+
+    def _decode_wait(self, seq_len: int, n: int, cancel: threading.Event | None) -> None:
+        self._sleep(self.base_s + self.per_token_s * n, cancel)
+
     def prefill(self, ids, cancel: threading.Event | None = None) -> SleepState:
         ids = [int(t) for t in ids]
-        self._sleep(self.prefill_s, cancel)
+        self._prefill_wait(cancel)
         return SleepState(ids=ids, logits=self.row(tuple(ids)).unsqueeze(0))
 
     def decode(self, state: SleepState, ids, cancel: threading.Event | None = None):
         new = [int(t) for t in (ids.tolist() if isinstance(ids, torch.Tensor) else ids)]
-        self._sleep(self.base_s + self.per_token_s * len(new), cancel)
+        self._decode_wait(state.seq_len, len(new), cancel)
         rows = [self.row(tuple(state.ids + new[: i + 1])) for i in range(len(new))]
         state.ids = state.ids + new
         state.logits = rows[-1].unsqueeze(0)
