@@ -30,3 +30,14 @@ def real_lm():
     from tandem.models.registry import load_model
 
     return load_model("qwen2.5-coder-0.5b", progress=False)
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """torch runs on one intra-op thread for the module (decoder threads share 2 cores)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

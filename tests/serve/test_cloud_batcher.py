@@ -19,14 +19,6 @@ SESSIONS = 5
 ROUNDS = 4
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def prompts(lm):
     texts = ["def add(a, b):", "import os\n", "x = [", "class Stack:\n    def", "# sort"]
     return [lm.tokenizer.encode(t) for t in texts]

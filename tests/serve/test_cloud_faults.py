@@ -9,7 +9,6 @@ import gc
 import threading
 
 import pytest
-import torch
 
 from tandem.errors import TandemError
 from tandem.protocols.spec import SpecConfig, wire
@@ -22,14 +21,6 @@ from .cloud_helpers import SECRET, LoopbackCloud, generate, metric, session_conf
 
 # Heartbeats tight enough to matter, loose enough for a 2 s outage (+ delay and jitter).
 HEARTBEAT = {"ping_interval": 0.5, "dead_peer_timeout": 4.0}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def test_outage_and_jitter_do_not_change_the_output(tiny_lm, tiny_lm_b):

@@ -10,7 +10,6 @@ import io
 import json
 
 import pytest
-import torch
 
 from tandem.config import SamplingConfig
 from tandem.models.base import State
@@ -20,14 +19,6 @@ from tandem.serve.cloud_metrics import session_logger
 from .cloud_helpers import LoopbackCloud, generate, http_get, metric, session_config
 
 SESSIONS = 32
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def live_states() -> int:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-import torch
 
 from tandem.baselines.spec_baselines import run_device_only
 from tandem.config import SamplingConfig
@@ -20,14 +19,6 @@ from tandem.transport import AuthenticationFailed, ConnectError, FingerprintMism
 
 N = 20
 SECRET = b"loopback-secret"
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -38,12 +38,6 @@ def prompt_ids(tiny_lm):
 
 
 @pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
+def _one_torch_thread(one_torch_thread):
     """One intra-op thread: on a shared 2-core machine, OpenMP threads waiting for a busy core
-    make small forward passes 10-100x slower. Restored afterwards."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    make small forward passes 10-100x slower (tests/conftest.py restores it afterwards)."""

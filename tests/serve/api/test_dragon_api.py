@@ -5,8 +5,6 @@ who aggregated."""
 from __future__ import annotations
 
 import httpx2 as httpx
-import pytest
-import torch
 
 from tandem.protocols.dragon import DragonConfig, Knowledge
 from tandem.protocols.dragon.reference import CentralPair
@@ -22,14 +20,6 @@ DEVICE_TEXTS = ["Our retry policy: base delay 0.5 s, factor 2, at most 5 attempt
 CLOUD_TEXTS = ["asyncio.sleep(delay) suspends the current task for delay seconds."]
 QUESTION = "write a retry function"
 N = 12
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def test_dragon_greedy_equals_central_greedy(tiny_lm, tiny_lm_b):

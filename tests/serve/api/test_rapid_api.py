@@ -9,7 +9,6 @@ import threading
 
 import httpx2 as httpx
 import pytest
-import torch
 
 from tandem.protocols.rapid.edge import cloud_handler
 from tandem.protocols.rapid.prompts import drafter_prompt
@@ -19,14 +18,6 @@ from tandem.transport import serve
 from .helpers import SECRET, api, greedy_text
 
 CONTEXT = "The deploy key rotates every Tuesday. Backups run at 02:00 UTC."
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture

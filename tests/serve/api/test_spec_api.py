@@ -5,20 +5,10 @@ the device finished alone, with no token lost or repeated; a cloud that comes ba
 from __future__ import annotations
 
 import httpx2 as httpx
-import pytest
-import torch
 
 from .helpers import CloudThread, api, greedy_text, greedy_tokens, sse_events, visible
 
 N = 24
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def completion(url: str, prompt: str, n: int = N, **extra) -> dict:
