@@ -265,11 +265,4 @@ def cloud_resources(
 
 def cloud_transport(lm: CausalLM, *, secret: bytes | str | None, **kwargs) -> TransportConfig:
     """The cloud's TransportConfig for a model (the handshake checks the tokenizer)."""
-    return TransportConfig(
-        secret=secret,
-        role="cloud",
-        tokenizer_hash=lm.tokenizer.fingerprint,
-        vocab_size=lm.vocab_size,
-        model_name=getattr(lm, "name", ""),
-        **kwargs,
-    )
+    return TransportConfig.for_model(lm, role="cloud", secret=secret, **kwargs)

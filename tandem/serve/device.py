@@ -26,14 +26,7 @@ DEVICE_MODES = ("spec", "ar", "local")
 
 def device_transport(lm: CausalLM, *, secret: bytes | str | None, **kwargs) -> TransportConfig:
     """The device's TransportConfig for a model (the handshake checks the tokenizer)."""
-    return TransportConfig(
-        secret=secret,
-        role="device",
-        tokenizer_hash=lm.tokenizer.fingerprint,
-        vocab_size=lm.vocab_size,
-        model_name=getattr(lm, "name", ""),
-        **kwargs,
-    )
+    return TransportConfig.for_model(lm, role="device", secret=secret, **kwargs)
 
 
 async def run_generation(

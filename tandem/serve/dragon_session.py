@@ -110,12 +110,10 @@ def transport_config(lm, *, role: str, link=None, secret: bytes | None = None):
 
     if secret is None and os.environ.get("TANDEM_SECRET"):
         secret = os.environ["TANDEM_SECRET"].encode()
-    return TransportConfig(
-        secret=secret,
+    return TransportConfig.for_model(
+        lm,
         role=role,
-        tokenizer_hash=lm.tokenizer.fingerprint,
-        vocab_size=lm.vocab_size,
-        model_name=lm.name,
+        secret=secret,
         ping_interval=1.0,
         dead_peer_timeout=5.0,
         link=link,

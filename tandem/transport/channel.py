@@ -75,6 +75,18 @@ class TransportConfig:
             if self.ping_interval >= self.dead_peer_timeout:
                 raise ValueError("ping_interval must be shorter than dead_peer_timeout")
 
+    @classmethod
+    def for_model(cls, lm, *, role: str, secret: bytes | str | None, **kwargs) -> TransportConfig:
+        """One side's config for a model: the handshake checks its tokenizer and vocab."""
+        return cls(
+            secret=secret,
+            role=role,
+            tokenizer_hash=lm.tokenizer.fingerprint,
+            vocab_size=lm.vocab_size,
+            model_name=getattr(lm, "name", ""),
+            **kwargs,
+        )
+
     def hello(self) -> Hello:
         """The Hello this side introduces itself with."""
         return Hello(

@@ -69,13 +69,7 @@ async def _serve(target_lm: CausalLM, context: str, host: str, port: int, secret
     from tandem.protocols.rapid.edge import cloud_handler
     from tandem.transport import TransportConfig, serve
 
-    config = TransportConfig(
-        secret=secret,
-        role="cloud",
-        tokenizer_hash=target_lm.tokenizer.fingerprint,
-        vocab_size=target_lm.vocab_size,
-        model_name=target_lm.name,
-    )
+    config = TransportConfig.for_model(target_lm, role="cloud", secret=secret)
     server = await serve(cloud_handler(target_lm, context), host, port, config=config)
     print(f"RAPID cloud serving {target_lm.name} on {host}:{server.port}", flush=True)
     await server.serve_forever()
@@ -108,13 +102,7 @@ def run_device(
     )
 
     async def main() -> RapidResult:
-        transport = TransportConfig(
-            secret=secret,
-            role="device",
-            tokenizer_hash=drafter_lm.tokenizer.fingerprint,
-            vocab_size=drafter_lm.vocab_size,
-            model_name=drafter_lm.name,
-        )
+        transport = TransportConfig.for_model(drafter_lm, role="device", secret=secret)
         channel = await connect(host, port, config=transport)
         try:
             return await device_generate(
