@@ -105,14 +105,6 @@ def local_continue(
     generate(lm, [*prompt_ids, *recorder.tokens], config, on_token=lambda t, _: recorder(t))
 
 
-async def settle(timeout: float = 2.0) -> None:
-    """Let this loop's other tasks end (an emulated link delivers the close it queued) before
-    asyncio.run cancels them: a cancelled delivery would leave the socket open."""
-    others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-    if others:
-        await asyncio.wait(others, timeout=timeout)
-
-
 async def probe_cloud(host: str, port: int, transport: TransportConfig) -> bool:
     """Open a session (handshake included) and close it at once."""
     from tandem.transport import connect
@@ -254,7 +246,6 @@ class SpecBackend:
             info["rtt_s"] = rtt
             with contextlib.suppress(TransportError, OSError):
                 await channel.close("spec done")
-            await settle()
 
     def generate(self, prompt_ids: list[int], params: GenParams, on_token: OnToken) -> GenResult:
         recorder = Recorder(on_token)

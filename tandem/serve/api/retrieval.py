@@ -27,7 +27,6 @@ from tandem.serve.api.backends import (
     finish_of,
     local_continue,
     probe_cloud,
-    settle,
 )
 from tandem.transport import TransportConfig, TransportError
 
@@ -73,14 +72,11 @@ class DragonBackend:
         )  # fmt: skip
 
         async def run():
-            try:
-                return await connect_device(
-                    self.host, self.port, transport=self.transport, lm=self.lm,
-                    knowledge=self.setup.knowledge, question=params.question, config=config,
-                    profile=self.setup.profile, on_token=sink,
-                )  # fmt: skip
-            finally:
-                await settle()
+            return await connect_device(
+                self.host, self.port, transport=self.transport, lm=self.lm,
+                knowledge=self.setup.knowledge, question=params.question, config=config,
+                profile=self.setup.profile, on_token=sink,
+            )  # fmt: skip
 
         try:
             report = asyncio.run(run())
@@ -139,7 +135,6 @@ class RapidBackend:
             info["bytes_up"], info["bytes_down"] = channel.bytes_sent, channel.bytes_received
             with contextlib.suppress(TransportError, OSError):
                 await channel.close("rapid done")
-            await settle()
         return result
 
     def generate(self, prompt_ids: list[int], params: GenParams, on_token: OnToken) -> GenResult:

@@ -32,6 +32,8 @@ def served(tmp_path_factory):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+        proc.stdout.close()
+        proc.stderr.close()
 
 
 def test_openai_client_streams_a_chat_completion(served, tiny_lm):
