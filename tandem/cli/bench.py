@@ -153,6 +153,52 @@ def spec(
     )
 
 
+@app.command("spec-regimes")
+def spec_regimes(
+    quick: bool = typer.Option(False, "--quick", help="One prompt, 16 tokens."),
+    rtt: list[float] = typer.Option([0, 100, 200], "--rtt", help="Round-trip times (ms)."),
+    prompts: int = typer.Option(None, "--prompts", help="Number of prompts (default 1 quick / 2)."),
+    max_new_tokens: int = typer.Option(None, "--max-new-tokens", "-n"),
+    out: Path = OUT,
+) -> None:
+    """Where PicoSpec's async pipeline pays: agreement x draft speed x RTT (emulated pair)."""
+    from tandem.bench.spec_regimes import run
+
+    run(
+        out=out,
+        quick=quick,
+        rtts=tuple(rtt),
+        num_prompts=prompts,
+        max_new_tokens=max_new_tokens,
+    )
+
+
+@app.command("spec-net")
+def spec_net(
+    rtt: list[float] = typer.Option([0, 100, 200], "--rtt", help="Round-trip times (ms)."),
+    prompts: int = typer.Option(1, "--prompts", help="Number of prompts."),
+    max_new_tokens: int = typer.Option(32, "--max-new-tokens", "-n"),
+    rate: float = typer.Option(100.0, "--rate", help="Link rate (Mbit/s), each way."),
+    device_model: str = typer.Option("qwen2.5-coder-0.5b", "--device-model"),
+    cloud_model: str = typer.Option("qwen2.5-coder-1.5b", "--cloud-model"),
+    path: str = typer.Option("auto", "--path", help="auto, netns (root) or loopback."),
+    out: Path = OUT,
+) -> None:
+    """The real pair as two processes over `tandem net`: cloud AR, stop-and-wait, PicoSpec."""
+    from tandem.bench.spec_net import run
+
+    run(
+        out=out,
+        rtts=tuple(rtt),
+        num_prompts=prompts,
+        max_new_tokens=max_new_tokens,
+        rate_mbit=rate,
+        device_model=device_model,
+        cloud_model=cloud_model,
+        path=path,
+    )
+
+
 def _register_subcommands() -> None:
     """Benchmarks that live in their own CLI modules."""
     from tandem.cli import bench_dragon

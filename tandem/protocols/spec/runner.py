@@ -29,11 +29,19 @@ async def run_pair(
     """One generation with both sides in this process; returns (device report, cloud stats)."""
     device_channel, cloud_channel = memory_pair(link=link)
     cloud_task = asyncio.create_task(serve_session(cloud_channel, cloud_lm))
+    device_task = asyncio.create_task(
+        run_device(device_channel, device_lm, prompt_ids, config, on_token=on_token)
+    )
     try:
-        report = await run_device(device_channel, device_lm, prompt_ids, config, on_token=on_token)
+        await asyncio.wait({device_task, cloud_task}, return_when=asyncio.FIRST_COMPLETED)
+        if cloud_task.done() and not device_task.done() and cloud_task.exception() is not None:
+            raise cloud_task.exception()  # a crashed cloud would leave the device waiting
+        report = await device_task
         cloud = await asyncio.wait_for(cloud_task, 30.0)
     finally:
-        cloud_task.cancel()
+        for task in (device_task, cloud_task):
+            task.cancel()
+        await asyncio.gather(device_task, cloud_task, return_exceptions=True)
         await cloud_channel.close()
     return report, cloud
 

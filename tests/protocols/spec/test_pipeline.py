@@ -281,6 +281,22 @@ def test_a_cloud_error_reaches_the_device_as_a_tandem_error():
         asyncio.run(main())
 
 
+def test_run_pair_raises_a_cloud_crash_instead_of_waiting_forever(monkeypatch):
+    async def crash(self, requests):
+        raise RuntimeError("verifier bug")
+
+    monkeypatch.setattr(CloudSession, "_verify_all", crash)
+    draft, target = fake_pair(8)
+    config = SpecConfig(pipeline="async", max_new_tokens=8)
+
+    async def main():
+        async with asyncio.timeout(20):
+            await run_pair(device_lm=draft, cloud_lm=target, prompt_ids=[1, 2], config=config)
+
+    with pytest.raises(RuntimeError, match="verifier bug"):
+        asyncio.run(main())
+
+
 def test_async_is_not_slower_than_stop_and_wait_when_drafts_are_poor():
     """PicoSpec's robustness bound: with almost every draft rejected, the pipeline degrades to
     stop-and-wait (timed with sleeping fake models, so the CPU load does not matter)."""
