@@ -38,6 +38,12 @@ def build(
         "all-minilm-l6-v2", help="all-minilm-l6-v2, hashing-<dim> or a folder."
     ),
     index: str = typer.Option("flat", "--index", help="flat (exact) or hnsw (approximate)."),
+    replace: bool = typer.Option(
+        False,
+        "--replace",
+        help="Overwrite an index at --out built with another embedder or tokenizer "
+        "(refused without this flag).",
+    ),
 ) -> None:
     """Read, chunk, embed and index SOURCES; unchanged chunks of an existing index are reused."""
     from tandem.retrieval.chunking import ChunkParams
@@ -55,6 +61,7 @@ def build(
         kind=index,
         progress=True,
         on_skip=_warn_skip,
+        replace=replace,
     )
     _print_report(report, "built")
 

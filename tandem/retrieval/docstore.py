@@ -4,13 +4,15 @@ Words used here:
 - *row*: a chunk's position in the index (0..n-1); the faiss index holds the chunk's vector
   under the same number, so a search hit's id is a row here.
 - *meta*: a document's metadata, stored as JSON text (never pickled).
+- *unreadable*: a file SQLite rejects (not a database, truncated, no `chunks` table); every
+  read turns that into a one-line `TandemError` naming the file.
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from tandem.errors import TandemError
@@ -79,16 +81,36 @@ def _chunk(record: tuple) -> Chunk:
     )
 
 
+def unreadable(path: Path, reason: str) -> TandemError:
+    """The one-line error for an index file that cannot be read."""
+    path = Path(path)
+    return TandemError(
+        f"{path.parent}: {path.name} is unreadable ({reason}); rebuild it with tandem index build"
+    )
+
+
 class DocStore:
-    """Read access to a docstore file (read-only connection)."""
+    """Read access to a docstore file (read-only connection); checked when opened."""
 
     def __init__(self, path: Path):
         if not Path(path).is_file():
             raise TandemError(f"index docstore missing: {path}")
+        self.path = Path(path)
         self.connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
+        try:
+            len(self)  # SQLite reads the file lazily: fail here, not at the first search
+        except TandemError:
+            self.connection.close()
+            raise
+
+    def _rows(self, sql: str, params: Sequence = ()) -> list[tuple]:
+        try:
+            return self.connection.execute(sql, params).fetchall()
+        except sqlite3.DatabaseError as exc:  # also OperationalError (e.g. no such table)
+            raise unreadable(self.path, str(exc).splitlines()[0] if str(exc) else "") from exc
 
     def __len__(self) -> int:
-        (count,) = self.connection.execute("SELECT COUNT(*) FROM chunks").fetchone()
+        ((count,),) = self._rows("SELECT COUNT(*) FROM chunks")
         return int(count)
 
     def get(self, rows: list[int]) -> list[Chunk]:
@@ -98,7 +120,7 @@ class DocStore:
         marks = ",".join("?" * len(rows))
         found = {
             r[0]: _chunk(r[1:])
-            for r in self.connection.execute(
+            for r in self._rows(
                 f"SELECT row, {COLUMNS} FROM chunks WHERE row IN ({marks})", [int(r) for r in rows]
             )
         }
@@ -109,15 +131,13 @@ class DocStore:
 
     def all(self) -> list[Chunk]:
         """Every chunk, by row."""
-        return [
-            _chunk(r) for r in self.connection.execute(f"SELECT {COLUMNS} FROM chunks ORDER BY row")
-        ]
+        return [_chunk(r) for r in self._rows(f"SELECT {COLUMNS} FROM chunks ORDER BY row")]
 
     def document(self, doc_id: str) -> list[Chunk]:
         """The chunks of one document, in position order."""
         return [
             _chunk(r)
-            for r in self.connection.execute(
+            for r in self._rows(
                 f"SELECT {COLUMNS} FROM chunks WHERE doc_id = ? ORDER BY position", (doc_id,)
             )
         ]

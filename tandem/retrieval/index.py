@@ -14,13 +14,18 @@ Words used here:
   any) stays as it was. (Replacing an existing index is two renames; a crash between them
   leaves the old one as `.<name>.old-*` beside it.)
 - *compatible*: an index is only searched or extended with the embedder and tokenizer it was
-  built with; anything else is refused with a one-line `TandemError`.
+  built with; anything else is refused with a one-line `TandemError`. `build` into an index
+  of another embedder or tokenizer is refused too, unless asked to `replace` it.
+- *unreadable*: a truncated or corrupt `index.faiss` or `docstore.sqlite` is a one-line
+  `TandemError` naming the file (never a faiss/SQLite traceback); `build` over such an index
+  of the same embedder and tokenizer simply rebuilds it (nothing to reuse).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -34,7 +39,7 @@ from tandem.errors import TandemError
 from tandem.models.base import Tokenizer
 from tandem.retrieval.chunking import Chunk, ChunkParams, TokenCounter, chunk_document
 from tandem.retrieval.corpus import SkipHandler, log_skip, read_sources
-from tandem.retrieval.docstore import DocStore, write_docstore
+from tandem.retrieval.docstore import DocStore, unreadable, write_docstore
 from tandem.retrieval.embedder import Embedder, load_embedder
 from tandem.retrieval.search import Retriever, index_vectors, make_faiss_index
 
@@ -129,17 +134,49 @@ def _write_atomic(out: Path, chunks: list[Chunk], vectors: np.ndarray, manifest:
         raise
 
 
-def _existing_vectors(out: Path, embedder: Embedder) -> dict[str, np.ndarray]:
-    """key -> vector of an index already at `out` made by the same embedder (else empty)."""
+def _previous_manifest(
+    out: Path, *, embedder: Embedder, tokenizer: Tokenizer, tokenizer_name: str, replace: bool
+) -> Manifest | None:
+    """The manifest of the index a build would overwrite (None if there is none, or if it is
+    unreadable and `replace`); an index of another embedder or tokenizer is refused unless
+    `replace`."""
     if not (out / MANIFEST).is_file():
+        return None
+    hint = "use another --out, or --replace to overwrite it"
+    try:
+        old = read_manifest(out)
+    except TandemError as exc:
+        if replace:
+            return None
+        raise TandemError(f"{exc}; {hint}") from exc
+    same = old.embedder == embedder.name and old.tokenizer_fingerprint == tokenizer.fingerprint
+    if not same and not replace:
+        raise TandemError(
+            f"{out} was built with embedder '{old.embedder}' and tokenizer '{old.tokenizer}' "
+            f"({old.tokenizer_fingerprint[:12]}); this build asks for embedder "
+            f"'{embedder.name}' and tokenizer '{tokenizer_name}' ({tokenizer.fingerprint[:12]}): "
+            f"{hint}"
+        )
+    return old
+
+
+def _existing_vectors(
+    out: Path, embedder: Embedder, previous: Manifest | None
+) -> dict[str, np.ndarray]:
+    """key -> vector of the index already at `out` if the same embedder made it and it can be
+    read (else empty: an unreadable old index is rebuilt from scratch)."""
+    if previous is None or previous.embedder != embedder.name:
         return {}
-    manifest = read_manifest(out)
-    if manifest.embedder != embedder.name:
+    try:
+        retriever = open_index(out, embedder=embedder)
+        keys = [c.key for c in retriever.lookup.all()]
+        vectors = index_vectors(retriever.index)
+        retriever.lookup.close()
+    except TandemError:
         return {}
-    retriever = open_index(out, embedder=embedder)
-    keys = [c.key for c in retriever.lookup.all()]
-    retriever.lookup.close()
-    return dict(zip(keys, index_vectors(retriever.index), strict=True))
+    if len(keys) != len(vectors):
+        return {}
+    return dict(zip(keys, vectors, strict=True))
 
 
 def _embed(
@@ -209,8 +246,10 @@ def build_index(
     kind: str = "flat",
     progress: bool = False,
     on_skip: SkipHandler = log_skip,
+    replace: bool = False,
 ) -> BuildReport:
-    """Index exactly `sources` into `out`, reusing vectors of unchanged chunks already there."""
+    """Index exactly `sources` into `out`, reusing vectors of unchanged chunks already there.
+    An index at `out` made with another embedder or tokenizer is refused unless `replace`."""
     began = time.perf_counter()
     out = Path(out)
     if out.exists() and not out.is_dir():
@@ -218,6 +257,9 @@ def build_index(
     if out.is_dir() and any(out.iterdir()) and not (out / MANIFEST).is_file():
         raise TandemError(f"--out '{out}' is a non-empty folder that is not a tandem index")
     make_faiss_index(kind, np.zeros((0, 1), np.float32))  # validate the kind before any work
+    previous = _previous_manifest(
+        out, embedder=embedder, tokenizer=tokenizer, tokenizer_name=tokenizer_name, replace=replace
+    )
     skipped: list[tuple[str, str]] = []
 
     def skip(path: str, reason: str) -> None:
@@ -226,7 +268,7 @@ def build_index(
 
     with _progress(progress) as bar:
         chunks, documents = _collect(sources, tokenizer, params, bar, skip)
-        known = _existing_vectors(out, embedder)
+        known = _existing_vectors(out, embedder, previous)
         vectors, embedded = _embed(chunks, embedder, known, bar)
     manifest = Manifest(
         embedder=embedder.name,
@@ -305,12 +347,30 @@ def add_to_index(
     )
 
 
+def faiss_reason(message: str) -> str:
+    """A short reason from a faiss RuntimeError ("Error in <fn> at <file>.cpp:<line>: ...")."""
+    message = " ".join(message.split())
+    short_read = re.search(r"read error in .*: (\d+) != (\d+)", message)
+    if short_read:
+        return f"truncated: read {short_read[1]} of {short_read[2]} bytes"
+    tail = re.split(r"\.cpp:\d+: ", message)[-1]
+    return re.sub(r"^Error: '.*?' failed: ", "", tail) or "faiss could not read it"
+
+
+def read_faiss(file: Path) -> Any:
+    """faiss.read_index, with a one-line `TandemError` for a truncated or corrupt file."""
+    import faiss
+
+    try:
+        return faiss.read_index(str(file))
+    except RuntimeError as exc:
+        raise unreadable(file, faiss_reason(str(exc))) from exc
+
+
 def open_index(
     path: Path, *, embedder: Embedder | None = None, tokenizer: Tokenizer | None = None
 ) -> Retriever:
     """A `Retriever` over an index folder; loads the manifest's embedder unless one is given."""
-    import faiss
-
     path = Path(path)
     manifest = read_manifest(path)
     check_compatible(
@@ -320,11 +380,12 @@ def open_index(
     )
     if not (path / FAISS_FILE).is_file():
         raise TandemError(f"index is corrupt: {path / FAISS_FILE} missing")
-    index = faiss.read_index(str(path / FAISS_FILE))
+    index = read_faiss(path / FAISS_FILE)
     if manifest.index_kind == "hnsw":
         index.hnsw.efSearch = max(index.hnsw.efSearch, 64)
     store = DocStore(path / DOCSTORE_FILE)
     if not index.ntotal == len(store) == manifest.chunks:
+        store.close()
         raise TandemError(
             f"index is corrupt: {index.ntotal} vectors, {len(store)} chunks, manifest says {manifest.chunks}"
         )

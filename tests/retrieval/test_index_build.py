@@ -204,6 +204,100 @@ def test_corrupt_index_is_detected(tmp_path, notes, embedder):
         open_index(tmp_path / "ix", embedder=embedder)
 
 
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in folder.iterdir()}
+
+
+@pytest.mark.parametrize(
+    ("damage", "reason"),
+    [
+        (lambda data: data[: len(data) // 2], r"truncated: read \d+ of \d+ bytes"),
+        (lambda data: b"", "truncated"),
+        (lambda data: b"garbage!" * 64, r"Index type .* not recognized\)"),
+    ],
+    ids=["half", "empty", "garbage"],
+)
+def test_unreadable_faiss_file_is_a_one_line_error(tmp_path, notes, embedder, damage, reason):
+    build([notes], tmp_path / "ix", embedder)
+    faiss_file = tmp_path / "ix" / FAISS_FILE
+    faiss_file.write_bytes(damage(faiss_file.read_bytes()))
+    for attempt in (
+        lambda: open_index(tmp_path / "ix", embedder=embedder),
+        lambda: add_to_index(
+            tmp_path / "ix", [notes], tokenizer=ByteTokenizer(), embedder=embedder
+        ),
+    ):
+        with pytest.raises(TandemError, match=rf"index\.faiss is unreadable \({reason}") as caught:
+            attempt()
+        message = str(caught.value)
+        assert str(tmp_path / "ix") in message and "tandem index build" in message
+        assert "\n" not in message and "Error in" not in message and ".cpp" not in message
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [lambda data: b"not a database " * 40, lambda data: data[: len(data) // 2], lambda data: b""],
+    ids=["garbage", "half", "empty"],
+)
+def test_unreadable_docstore_is_a_one_line_error(tmp_path, notes, embedder, damage):
+    build([notes], tmp_path / "ix", embedder)
+    docstore = tmp_path / "ix" / DOCSTORE_FILE
+    docstore.write_bytes(damage(docstore.read_bytes()))
+    with pytest.raises(TandemError, match=r"docstore\.sqlite is unreadable \(") as caught:
+        open_index(tmp_path / "ix", embedder=embedder)
+    assert str(tmp_path / "ix") in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_build_over_an_unreadable_index_of_the_same_embedder_rebuilds_it(tmp_path, notes, embedder):
+    first = build([notes], tmp_path / "ix", embedder)
+    (tmp_path / "ix" / FAISS_FILE).write_bytes(b"")
+    again = build([notes], tmp_path / "ix", embedder)
+    assert (again.embedded, again.reused) == (first.embedded, 0)  # nothing readable to reuse
+    assert len(open_index(tmp_path / "ix", embedder=embedder)) == first.manifest.chunks
+    assert leftovers(tmp_path) == []
+
+
+def test_build_over_an_index_of_another_embedder_or_tokenizer_is_refused(tmp_path, notes, embedder):
+    build([notes], tmp_path / "ix", embedder)
+    before = snapshot(tmp_path / "ix")
+    other = HashingEmbedder(64)
+    with pytest.raises(TandemError) as caught:
+        build([notes], tmp_path / "ix", other)
+    message = str(caught.value)
+    assert "embedder 'hashing-128'" in message and "embedder 'hashing-64'" in message
+    assert "--replace" in message and str(tmp_path / "ix") in message and "\n" not in message
+    assert other.texts_embedded == 0  # refused before any work
+    with pytest.raises(TandemError) as caught:
+        build([notes], tmp_path / "ix", embedder, tokenizer=WordTokenizer())
+    message = str(caught.value)
+    assert ByteTokenizer.fingerprint[:12] in message and WordTokenizer.fingerprint[:12] in message
+    assert snapshot(tmp_path / "ix") == before
+    assert leftovers(tmp_path) == []
+
+
+def test_replace_overwrites_an_index_of_another_embedder(tmp_path, notes, embedder):
+    build([notes], tmp_path / "ix", embedder)
+    other = HashingEmbedder(64)
+    report = build([notes], tmp_path / "ix", other, replace=True)
+    assert read_manifest(tmp_path / "ix").embedder == "hashing-64"
+    assert (report.embedded, report.reused) == (report.manifest.chunks, 0)
+    assert len(open_index(tmp_path / "ix", embedder=other).search("retry backoff", 3)) == 3
+    report = build([notes], tmp_path / "ix", embedder, tokenizer=WordTokenizer(), replace=True)
+    assert read_manifest(tmp_path / "ix").tokenizer_fingerprint == WordTokenizer.fingerprint
+    again = build([notes], tmp_path / "ix", embedder, tokenizer=WordTokenizer(), replace=True)
+    assert (again.embedded, again.reused) == (0, report.manifest.chunks)  # still reuses
+    assert leftovers(tmp_path) == []
+
+
+def test_replace_overwrites_an_index_with_an_unreadable_manifest(tmp_path, notes, embedder):
+    build([notes], tmp_path / "ix", embedder)
+    (tmp_path / "ix" / MANIFEST).write_text("{not json")
+    with pytest.raises(TandemError, match="unreadable manifest.json.*--replace"):
+        build([notes], tmp_path / "ix", embedder)
+    build([notes], tmp_path / "ix", embedder, replace=True)
+    assert read_manifest(tmp_path / "ix").embedder == "hashing-128"
+
+
 def test_hnsw_index_finds_what_flat_finds(tmp_path, notes, embedder):
     build([notes], tmp_path / "flat", embedder)
     build([notes], tmp_path / "hnsw", embedder, kind="hnsw")

@@ -69,3 +69,47 @@ def test_cli_entry_point_prints_error_without_traceback(tmp_path):
         run.stderr.strip().startswith("error: no text documents found")
         and "Traceback" not in run.stderr
     )
+
+
+def test_build_over_another_embedders_index_is_refused_unless_replace(tmp_path, notes):
+    out = tmp_path / "ix"
+    result = runner.invoke(app, ["index", "build", str(notes), "--out", str(out), *FAST])
+    assert result.exit_code == 0, result.output
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    other = ["--tokenizer", "tiny-qwen2", "--embedder", "hashing-64"]
+    result = runner.invoke(app, ["index", "build", str(notes), "--out", str(out), *other])
+    assert isinstance(result.exception, TandemError)
+    message = str(result.exception)
+    assert "hashing-1024" in message and "hashing-64" in message and "--replace" in message
+    assert "\n" not in message
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    result = runner.invoke(
+        app, ["index", "build", str(notes), "--out", str(out), *other, "--replace"]
+    )
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(app, ["index", "info", str(out)])
+    assert "embedder: hashing-64" in result.output
+    help_text = runner.invoke(app, ["index", "build", "--help"]).output
+    assert "--replace" in help_text
+
+
+@pytest.mark.slow
+def test_cli_prints_unreadable_index_faiss_as_one_line(tmp_path, notes):
+    import subprocess
+    import sys
+
+    out = tmp_path / "ix"
+    result = runner.invoke(app, ["index", "build", str(notes), "--out", str(out), *FAST])
+    assert result.exit_code == 0, result.output
+    faiss_file = out / "index.faiss"
+    faiss_file.write_bytes(faiss_file.read_bytes()[:955])
+    for args in (["query", str(out), "flatline"], ["add", str(out), str(notes)]):
+        run = subprocess.run(
+            [sys.executable, "-c", "from tandem.cli import main; main()", "index", *args],
+            capture_output=True,
+            text=True,
+        )
+        assert run.returncode == 2, run.stderr
+        lines = run.stderr.strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in run.stderr, run.stderr
+        assert lines[0].startswith(f"error: {out}: index.faiss is unreadable (truncated")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import random
 import struct
-import time
 
 import msgpack
 import pytest
@@ -146,7 +145,6 @@ def random_frame(rng: random.Random) -> bytes:
 
 def test_mutated_frames_100k_only_protocol_errors():
     rng = random.Random(1234)
-    started = time.monotonic()
     frames = parsed = 0
     while frames < 100_000:
         batch = [mutate(rng.choice(VALID_FRAMES), rng) if rng.random() < 0.8 else random_frame(rng)
@@ -156,7 +154,6 @@ def test_mutated_frames_100k_only_protocol_errors():
         parsed += len(feed(b"".join(batch), rng))
         frames += len(batch)
     assert parsed > 10_000  # the valid leaders (and harmless mutations) do parse
-    assert time.monotonic() - started < 120
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
