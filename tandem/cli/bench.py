@@ -199,6 +199,28 @@ def spec_net(
     )
 
 
+@app.command("rapid-net")
+def rapid_net(
+    rtt: list[float] = typer.Option([0, 100, 200], "--rtt", help="Round-trip times (ms)."),
+    context_tokens: int = typer.Option(1024, "--context-tokens", help="Long-context length."),
+    tasks: int = typer.Option(2, "--tasks", help="Quote tasks."),
+    max_new_tokens: int = typer.Option(32, "--max-new-tokens", "-n"),
+    model: str = typer.Option("qwen2.5-coder-0.5b", "--model", "-m"),
+    out: Path = OUT,
+) -> None:
+    """RAPID split between device (drafter, C^S) and cloud (target, C) over the emulated link."""
+    from tandem.bench.rapid_net import run
+
+    run(
+        out=out,
+        rtts=tuple(rtt),
+        context_tokens=context_tokens,
+        num_tasks=tasks,
+        max_new_tokens=max_new_tokens,
+        model=model,
+    )
+
+
 def _register_subcommands() -> None:
     """Benchmarks that live in their own CLI modules."""
     from tandem.cli import bench_dragon
