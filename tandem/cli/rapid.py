@@ -160,16 +160,15 @@ def device(
     """Device side: retrieve C^S locally and draft for the cloud's long-context target."""
     from tandem.models.registry import load_model
     from tandem.protocols.rapid.runner import run_device
+    from tandem.transport.proxy import parse_hostport
 
-    host, _, port = connect.rpartition(":")
-    if not host or not port.isdigit():
-        raise TandemError(f"--connect wants host:port, got {connect!r}")
+    host, port = parse_hostport(connect)
     config, retrieval = _configs(
         mode, eta, gamma, temperature, max_new_tokens, seed, chunk_tokens, min_tokens,
         compression, threshold,
     )  # fmt: skip
     row = run_device(
-        load_model(drafter), _read(retrieve_from), question, host=host, port=int(port),
+        load_model(drafter), _read(retrieve_from), question, host=host, port=port,
         secret=_secret(secret), config=config, retrieval=retrieval, embedder_name=embedder,
         codec=(codec, {"k": codec_k} if codec == "top-k" else {}),
     )  # fmt: skip
