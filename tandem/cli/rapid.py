@@ -125,13 +125,18 @@ def serve(
     target: str = typer.Option("qwen2.5-coder-0.5b", "--target"),
     host: str = typer.Option("127.0.0.1", "--host"),
     port: int = typer.Option(7400, "--port"),
+    listen: str = typer.Option(None, "--listen", help="HOST:PORT, instead of --host/--port."),
     secret: str = SECRET,
 ) -> None:
     """Cloud side: serve RAPID verification over a long context (until interrupted)."""
     from tandem.models.registry import load_model
     from tandem.protocols.rapid.runner import serve_cloud
+    from tandem.transport.proxy import parse_hostport
 
-    serve_cloud(load_model(target), _read(context), host=host, port=port, secret=_secret(secret))
+    if listen:
+        host, port = parse_hostport(listen)
+    text = _read(context)  # a bad path fails before the model loads
+    serve_cloud(load_model(target), text, host=host, port=port, secret=_secret(secret))
 
 
 @app.command("device")

@@ -38,6 +38,8 @@ def test_rapid_errors_are_one_line(tmp_path):
     assert out.stderr.strip().startswith("error: cannot read")
     out = tandem("rapid", "run", "--context", str(tmp_path), "-q", "x", "--mode", "fast")
     assert out.returncode == 2 and "unknown RAPID mode" in out.stderr
+    out = tandem("rapid", "serve", "--context", str(tmp_path), "--listen", "nowhere")
+    assert out.returncode == 2 and out.stderr.strip() == "error: expected HOST:PORT, got 'nowhere'"
 
 
 def test_rapid_tasks_writes_jsonl(tmp_path):
