@@ -81,6 +81,26 @@ def sweep(bed, *, methods, delays, questions, tokens: int, console: Console) -> 
     return runs
 
 
+def measure(
+    *, model, public, private, net_name, methods, delays, questions, tokens: int, console
+) -> tuple[list[dict], dict]:
+    """Build both sides' indexes, start the testbed and `sweep`: (runs, network facts)."""
+    from tandem.baselines.dragon.testbed import Testbed
+
+    public_index, private_index = prepare_indexes(model, public, private)
+    indexes = {"public_index": public_index, "private_index": private_index}
+    with Testbed(model=model, name=net_name, **indexes) as bed:
+        network = {
+            "mode": bed.status.mode,
+            "delay_path": bed.status.delay_path,
+            "notes": list(bed.status.notes),
+        }
+        runs = sweep(
+            bed, methods=methods, delays=delays, questions=questions, tokens=tokens, console=console
+        )
+    return runs, network
+
+
 def mean_of(runs: list[dict], method: str, delay: float, key: str) -> float | None:
     values = [r.get(key) for r in runs if r["method"] == method and r["delay_ms"] == delay]
     values = [v for v in values if v is not None]
@@ -164,24 +184,15 @@ def run(
     net_name: str = "tandem-dbench",
 ) -> dict:
     """Fig. 6 + Theorem 6.2: run, save dragon_latency.json / .png, print a table."""
-    from tandem.baselines.dragon.testbed import Testbed
-
     console = Console()
     delays = delays or ((0.0, 100.0) if quick else (0.0, 100.0, 200.0, 300.0))
     tokens = tokens or (8 if quick else 24)
     chosen = QUESTIONS[: questions or (1 if quick else len(QUESTIONS))]
-    public_index, private_index = prepare_indexes(model, public, private)
     started, load_before = time.perf_counter(), os.getloadavg()
-    indexes = {"public_index": public_index, "private_index": private_index}
-    with Testbed(model=model, name=net_name, **indexes) as bed:
-        network = {
-            "mode": bed.status.mode,
-            "delay_path": bed.status.delay_path,
-            "notes": list(bed.status.notes),
-        }
-        runs = sweep(
-            bed, methods=methods, delays=delays, questions=chosen, tokens=tokens, console=console
-        )
+    runs, network = measure(
+        model=model, public=public, private=private, net_name=net_name, methods=methods,
+        delays=delays, questions=chosen, tokens=tokens, console=console,
+    )  # fmt: skip
     rows = [
         {
             "method": method, "delay_ms": delay,

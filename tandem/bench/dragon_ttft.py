@@ -20,7 +20,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from tandem.bench.dragon_latency import LABELS, QUESTIONS, mean_of, prepare_indexes, sweep
+from tandem.bench.dragon_latency import LABELS, QUESTIONS, mean_of, measure
 from tandem.bench.report import new_figure, save_json, save_png
 
 METHODS = ("drcg-text", "drcg-kv", "dragon", "crcg-device", "crcg-cloud")
@@ -39,23 +39,14 @@ def run(
     net_name: str = "tandem-dbench",
 ) -> dict:
     """Fig. 7: run, save dragon_ttft.json / .png, print a table."""
-    from tandem.baselines.dragon.testbed import Testbed
-
     console = Console()
     delays = delays or ((0.0, 100.0) if quick else (0.0, 100.0, 200.0, 300.0))
     chosen = QUESTIONS[: questions or (1 if quick else len(QUESTIONS))]
-    public_index, private_index = prepare_indexes(model, public, private)
     started, load_before = time.perf_counter(), os.getloadavg()
-    indexes = {"public_index": public_index, "private_index": private_index}
-    with Testbed(model=model, name=net_name, **indexes) as bed:
-        network = {
-            "mode": bed.status.mode,
-            "delay_path": bed.status.delay_path,
-            "notes": list(bed.status.notes),
-        }
-        runs = sweep(
-            bed, methods=methods, delays=delays, questions=chosen, tokens=2, console=console
-        )
+    runs, network = measure(
+        model=model, public=public, private=private, net_name=net_name, methods=methods,
+        delays=delays, questions=chosen, tokens=2, console=console,
+    )  # fmt: skip
     rows = []
     for delay in delays:
         for method in methods:
