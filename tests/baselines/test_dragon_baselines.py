@@ -11,25 +11,15 @@ import pytest
 
 from tandem.baselines.dragon import run_baseline_pair, sequence_choice
 from tandem.baselines.dragon.context import context_layout
-from tandem.protocols.dragon import DragonConfig, run_pair
-from tandem.protocols.dragon.reference import CentralPair
+from tandem.protocols.dragon import run_pair
 from tandem.transport import LinkConfig
 
-from .conftest import QUESTION
+from .conftest import QUESTION, central_pair, tiny_config
 
 LINK = LinkConfig(delay_ms=2.0, jitter_ms=1.0, seed=3)
 
 
-def config(**overrides) -> DragonConfig:
-    base = {
-        "max_new_tokens": 12,
-        "temperature": 0.0,
-        "seed": 5,
-        "stop_at_eos": False,
-        "rtt_probe_s": 0.05,
-        "bandwidth_probe_bytes": 0,
-    }
-    return DragonConfig(**{**base, **overrides})
+config = tiny_config
 
 
 def baseline(method, tiny_lm, tiny_lm_b, corpora, cfg, link=LINK):
@@ -60,10 +50,7 @@ def plain_greedy(lm, ids: list[int], n: int) -> list[int]:
 def test_drdg_tw_equals_dragon_and_the_central_reference(tiny_lm, tiny_lm_b, corpora, temperature):
     cfg = config(temperature=temperature)
     device_knowledge, cloud_knowledge = corpora
-    pair = CentralPair.build(
-        device_lm=tiny_lm, cloud_lm=tiny_lm_b, device_knowledge=device_knowledge,
-        cloud_knowledge=cloud_knowledge, question=QUESTION, config=cfg,
-    )  # fmt: skip
+    pair = central_pair(tiny_lm, tiny_lm_b, corpora, cfg)
     expected = pair.greedy() if cfg.greedy else pair.sampled()
     report, cloud = baseline("drdg-tw", tiny_lm, tiny_lm_b, corpora, cfg)
     dragon, _ = asyncio.run(

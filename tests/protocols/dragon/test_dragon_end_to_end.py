@@ -14,34 +14,18 @@ from tandem.protocols.dragon.knowledge import build_decoder
 from tandem.protocols.dragon.reference import CentralPair
 from tandem.transport import LinkConfig
 
-from .conftest import QUESTION
+from .conftest import QUESTION, central_pair, tiny_config
 
 STRATEGIES = ("dragon", "device", "cloud", "random")
 LINK = LinkConfig(delay_ms=2.0, jitter_ms=2.0, seed=7)
 
 
 def config(**overrides) -> DragonConfig:
-    base = {
-        "max_new_tokens": 20,
-        "temperature": 0.0,
-        "seed": 11,
-        "stop_at_eos": False,
-        "rtt_probe_s": 0.05,
-        "bandwidth_probe_bytes": 0,
-    }
-    return DragonConfig(**{**base, **overrides})
+    return tiny_config(**{"max_new_tokens": 20, "seed": 11, **overrides})
 
 
 def central(tiny_lm, tiny_lm_b, corpora, cfg: DragonConfig) -> CentralPair:
-    device_knowledge, cloud_knowledge = corpora
-    return CentralPair.build(
-        device_lm=tiny_lm,
-        cloud_lm=tiny_lm_b,
-        device_knowledge=device_knowledge,
-        cloud_knowledge=cloud_knowledge,
-        question=QUESTION,
-        config=cfg,
-    )
+    return central_pair(tiny_lm, tiny_lm_b, corpora, cfg)
 
 
 def dragon(tiny_lm, tiny_lm_b, corpora, cfg: DragonConfig, **kwargs):
