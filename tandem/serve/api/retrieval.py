@@ -50,6 +50,18 @@ def _reason(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 
 
+def _alone(lm, prompt_ids, params, recorder: Recorder, reason: str, info=None) -> GenResult:
+    """The cloud failed: the device model finishes the answer from where it stands."""
+    at = len(recorder.tokens)
+    try:
+        local_continue(lm, prompt_ids, params, recorder)
+        finish = finish_of(recorder.tokens, lm.tokenizer.eos_token_id)
+    except StopGeneration:
+        finish = "stop"
+    return GenResult(recorder.tokens, finish, degraded=True, degraded_reason=reason,
+                     degraded_at=at, info=info if info is not None else {})  # fmt: skip
+
+
 class DragonBackend:
     mode = "dragon"
     needs_context = False
@@ -81,7 +93,7 @@ class DragonBackend:
         try:
             report = asyncio.run(run())
         except (TandemError, TransportError, OSError) as exc:
-            return self._alone(prompt_ids, params, recorder, _reason(exc))
+            return _alone(self.lm, prompt_ids, params, recorder, _reason(exc))
         summary = report.summary()
         info = {
             "bytes_up": report.bytes_sent,
@@ -100,16 +112,6 @@ class DragonBackend:
             recorder.tokens, finish, degraded=report.degraded,
             degraded_reason=report.degraded_reason, degraded_at=report.degraded_at, info=info,
         )  # fmt: skip
-
-    def _alone(self, prompt_ids, params, recorder: Recorder, reason: str) -> GenResult:
-        at = len(recorder.tokens)
-        try:
-            local_continue(self.lm, prompt_ids, params, recorder)
-            finish = finish_of(recorder.tokens, self.lm.tokenizer.eos_token_id)
-        except StopGeneration:
-            finish = "stop"
-        return GenResult(recorder.tokens, finish, degraded=True, degraded_reason=reason,
-                         degraded_at=at)  # fmt: skip
 
     async def cloud_reachable(self) -> bool | None:
         return await probe_cloud(self.host, self.port, self.transport)
@@ -150,14 +152,7 @@ class RapidBackend:
             result = asyncio.run(self._collaborate(params, config, info))
         except (TandemError, TransportError, OSError) as exc:
             ids = drafter_prompt(self.lm.tokenizer, params.context or "", params.question)
-            at = len(recorder.tokens)
-            try:
-                local_continue(self.lm, ids, params, recorder)
-                finish = finish_of(recorder.tokens, self.lm.tokenizer.eos_token_id)
-            except StopGeneration:
-                finish = "stop"
-            return GenResult(recorder.tokens, finish, degraded=True,
-                             degraded_reason=_reason(exc), degraded_at=at, info=info)  # fmt: skip
+            return _alone(self.lm, ids, params, recorder, _reason(exc), info)
         info.update(
             acceptance_rate=result.accepted / result.drafted if result.drafted else None,
             rounds=result.rounds,
