@@ -45,8 +45,9 @@ async def _edge(lm, task, retrieved: str, config, link: LinkConfig):
         await cloud_channel.close()
 
 
-async def _lc_cloud(lm, prompt_ids: list[int], config, link: LinkConfig):
-    from tandem.baselines.spec_baselines import run_cloud_ar, serve_cloud_ar
+def _lc_cloud(lm, prompt_ids: list[int], config, rtt_ms: float, rate_mbit: float):
+    """The cloud generates on C and streams every token: `tandem bench spec`'s cloud AR."""
+    from tandem.bench.spec import run_method
     from tandem.protocols.spec import SpecConfig
 
     spec = SpecConfig(
@@ -55,13 +56,10 @@ async def _lc_cloud(lm, prompt_ids: list[int], config, link: LinkConfig):
         seed=config.seed,
         stop_at_eos=config.stop_at_eos,
     )
-    device_channel, cloud_channel = memory_pair(link=link)
-    cloud = asyncio.create_task(serve_cloud_ar(cloud_channel, lm))
-    try:
-        return await run_cloud_ar(device_channel, lm.tokenizer, prompt_ids, spec)
-    finally:
-        await asyncio.wait_for(cloud, 60)
-        await cloud_channel.close()
+    return run_method(
+        "cloud-ar", device_lm=lm, cloud_lm=lm, prompt_ids=prompt_ids, rtt_ms=rtt_ms,
+        config=spec, rate_mbit=rate_mbit,
+    )  # fmt: skip
 
 
 def edge_row(method: str, rtt: float, task, result) -> dict:
@@ -159,7 +157,8 @@ def run(
             link = LinkConfig(delay_ms=rtt / 2, rate_mbit=rate_mbit)
             rows.append(edge_row("rapid-edge", rtt, task,
                                  asyncio.run(_edge(lm, task, retrieved, config, link))))  # fmt: skip
-            rows.append(ar_row(rtt, task, asyncio.run(_lc_cloud(lm, target_ids, config, link))))
+            lc_cloud = _lc_cloud(lm, target_ids, config, rtt, rate_mbit)
+            rows.append(ar_row(rtt, task, asyncio.run(lc_cloud)))
             console.log(
                 f"{task.task_id} RTT {rtt:.0f} ms: rapid-edge "
                 f"{rows[-2]['tokens'] / rows[-2]['total_s']:.2f} tok/s, lc-cloud "
