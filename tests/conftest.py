@@ -26,10 +26,18 @@ def tiny_lm_b():
 
 @pytest.fixture(scope="session")
 def real_lm():
-    """The real Qwen2.5-Coder-0.5B (prepared once into TANDEM_HOME)."""
+    """The real Qwen2.5-Coder-0.5B on the default engine (llama.cpp; prepared once)."""
     from tandem.models.registry import load_model
 
     return load_model("qwen2.5-coder-0.5b", progress=False)
+
+
+@pytest.fixture(scope="session")
+def real_hf_lm():
+    """The real Qwen2.5-Coder-0.5B on transformers fp32 (the reference engine)."""
+    from tandem.models.registry import load_model
+
+    return load_model("qwen2.5-coder-0.5b", progress=False, backend="hf")
 
 
 @pytest.fixture(scope="module")

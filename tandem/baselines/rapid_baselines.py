@@ -85,6 +85,9 @@ def compress_cache(lm: CausalLM, state: State, *, sink: int, window: int) -> int
     dropped = state.seq_len - sink - window
     if dropped <= 0:
         return 0
+    if hasattr(lm, "evict"):  # the engine shifts its own cache (llama.cpp)
+        lm.evict(state, sink, sink + dropped)
+        return dropped
     with torch.inference_mode():
         for layer in state.cache.layers:
             keys, values = layer.keys, layer.values  # [1, kv_heads, seq, head_dim]

@@ -7,6 +7,7 @@ Sub-command groups live in one small module each (``models``, ``generate``, ``be
 
 from __future__ import annotations
 
+import os
 import sys
 
 import typer
@@ -24,6 +25,24 @@ app.add_typer(device.app, name="device", help="The device side: run a generation
 app.add_typer(rapid.app, name="rapid", help="RAPID: RAG drafter, long-context target.")
 app.add_typer(config.app, name="config", help="Show the effective config (--config FILE).")
 app.command("generate")(generate.generate)
+
+
+@app.callback()
+def _engine(
+    backend: str = typer.Option(
+        None,
+        "--backend",
+        help="Model engine for every command: llamacpp (default; the GGUF as shipped) or hf "
+        "(transformers fp32, the reference). Same as $TANDEM_BACKEND.",
+    ),
+) -> None:
+    """A device model and a cloud model generating text together over a real network."""
+    if backend is not None:
+        from tandem.models.registry import check_backend
+
+        os.environ["TANDEM_BACKEND"] = check_backend(backend)  # child processes inherit it
+
+
 app.command("demo")(demo.demo)
 
 

@@ -86,7 +86,7 @@ def serve(
     if s.log_format == "text":
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     torch.set_num_threads(s.threads)
-    lm = load_model(s.model)
+    lm = load_model(s.model, backend=s.backend)
     link = LinkConfig(delay_ms=s.delay) if s.delay else None
     transport = cloud_transport(lm, secret=secret, link=link)
     resources = cloud_resources(lm, batch_window_ms=s.batch_window_ms, max_sessions=s.max_sessions)

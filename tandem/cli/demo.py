@@ -18,7 +18,9 @@ def demo(
     question: str = typer.Option(
         None, "--question", "-q", help="What to ask (default: a question needing both corpora)."
     ),
-    max_new_tokens: int = typer.Option(64, "--max-new-tokens", "-n", min=1),
+    max_new_tokens: int = typer.Option(
+        512, "--max-new-tokens", "-n", min=1, help="Cap; the answer ends at the end-of-turn token."
+    ),
     strategy: str = typer.Option(
         "dragon", help="Aggregator placement: dragon, device, cloud or random."
     ),
@@ -33,7 +35,9 @@ def demo(
     kill_cloud_after: int = typer.Option(
         0, help="Kill the cloud process after N tokens (fault demo)."
     ),
-    threads: int = typer.Option(0, help="Torch threads per process (0: half the cores)."),
+    threads: int = typer.Option(
+        0, help="Threads per process (0: device and cloud each pinned to half the cores)."
+    ),
     json_out: Path = typer.Option(None, "--json", help="Also write the measurements here."),
 ) -> None:
     """Run DRAGON with the real model on both sides of a loopback link and explain what happened."""

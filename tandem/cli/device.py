@@ -190,7 +190,7 @@ def serve(
     flags["codec_params"] = parse_params(flags.pop("codec_param"))
     settings = device_settings(config, flags)
     torch.set_num_threads(settings.threads)
-    lm = load_model(settings.model)
+    lm = load_model(settings.model, backend=settings.backend)
     backend = build_backend(settings, lm)
 
     def ready(host: str, port: int) -> None:

@@ -13,7 +13,14 @@ app = typer.Typer(no_args_is_help=True)
 def list_models() -> None:
     """Named models, whether their packages are installed and whether they are prepared."""
     from tandem.errors import TandemError
-    from tandem.models.registry import REGISTRY, TINY_MODELS, is_prepared, part_paths, prepared_dir
+    from tandem.models.registry import (
+        REGISTRY,
+        TINY_MODELS,
+        gguf_dir,
+        is_prepared,
+        part_paths,
+        prepared_dir,
+    )
 
     table = Table("name", "source", "installed", "prepared", "description")
     for name, spec in REGISTRY.items():
@@ -22,7 +29,12 @@ def list_models() -> None:
             installed = "yes"
         except TandemError:
             installed = "no (pip install 'tandem[models]')"
-        prepared = str(prepared_dir(name)) if is_prepared(name) else "no"
+        ready = [
+            f"{backend}: {folder(name)}"
+            for backend, folder in (("llamacpp", gguf_dir), ("hf", prepared_dir))
+            if is_prepared(name, backend)
+        ]
+        prepared = "\n".join(ready) or "no"
         table.add_row(
             name, f"{spec.package_prefix}1..{spec.num_parts}", installed, prepared, spec.description
         )
@@ -34,11 +46,21 @@ def list_models() -> None:
 @app.command("prepare")
 def prepare(
     names: list[str] = typer.Argument(None, help="Models to prepare (default: all named)."),
+    backend: str = typer.Option(
+        None,
+        "--backend",
+        help="llamacpp (default: GGUF + tokenizer, seconds), hf (fp32 "
+        "safetensors, minutes) or all.",
+    ),
 ) -> None:
-    """Assemble, verify (size + sha256) and convert packaged models to safetensors, once."""
-    from tandem.models.registry import REGISTRY
+    """Assemble and verify (size + sha256) packaged models for an engine, once."""
+    from tandem.errors import TandemError
+    from tandem.models.registry import BACKENDS, REGISTRY, check_backend
     from tandem.models.registry import prepare as prepare_model
 
+    backends = list(BACKENDS) if backend == "all" else [check_backend(backend)]
     for name in names or list(REGISTRY):
-        path = prepare_model(name)
-        print(f"{name}: {path}")
+        if name not in REGISTRY:
+            raise TandemError(f"unknown model '{name}'; packaged: {', '.join(REGISTRY)}")
+        for engine in backends:
+            print(f"{name} ({engine}): {prepare_model(name, backend=engine)}")

@@ -7,8 +7,10 @@ Words used here:
 - *seq_len*: the padded length of every row (prefix padding + tokens). `crop(state, n)` keeps
   the first `n` padded positions; because new tokens are appended to all rows at once, this
   removes the same newest tokens from every row. `rollback(state, k)` drops the newest `k`.
-- *cancel*: a `threading.Event`; backends check it between transformer layers and raise
-  `Cancelled`, leaving the state exactly as it was before the call (preemptible decoding).
+- *cancel*: a `threading.Event`; backends check it during the forward pass (between layers for
+  transformers, between graph nodes for llama.cpp) and raise `Cancelled`, leaving the state
+  exactly as it was before the call (preemptible decoding). A `CancelEvent` also tells listeners
+  the moment it is set, which lets native backends abort without taking the GIL.
 """
 
 from __future__ import annotations
@@ -25,6 +27,28 @@ from tandem.errors import TandemError
 
 class Cancelled(TandemError):
     """A forward pass was aborted because its cancel event was set; the state is unchanged."""
+
+
+class CancelEvent(threading.Event):
+    """A `threading.Event` that calls its listeners when set (any plain Event works too)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._listeners: list[Any] = []
+
+    def listen(self, callback: Any) -> None:
+        """Call `callback()` when the event is set (now, if it already is)."""
+        self._listeners.append(callback)
+        if self.is_set():
+            callback()
+
+    def unlisten(self, callback: Any) -> None:
+        self._listeners.remove(callback)
+
+    def set(self) -> None:
+        super().set()
+        for callback in list(self._listeners):
+            callback()
 
 
 @dataclass
@@ -62,6 +86,23 @@ class State:
     def row_ids(self, row: int) -> list[int]:
         """The real token ids of one row."""
         return self.ids[row, self.pads[row] :].tolist()
+
+    def crop_bookkeeping(self, seq_len: int) -> None:
+        """The backend-independent half of `CausalLM.crop`: check `seq_len`, cut `ids` and keep
+        the next-token logits when the cut falls inside the last decode block."""
+        if not 0 < seq_len <= self.seq_len:
+            raise ValueError(f"crop to {seq_len} outside 1..{self.seq_len}")
+        if min(self.pads) >= seq_len:
+            raise ValueError(f"crop to {seq_len} would empty a row (pads {self.pads})")
+        recent = self.recent_logits
+        recent_start = self.seq_len - (recent.shape[1] if recent is not None else 1)
+        if seq_len - 1 >= recent_start and recent is not None:
+            self.logits = recent[:, seq_len - 1 - recent_start]
+            self.recent_logits = recent[:, : seq_len - recent_start]
+        elif seq_len < self.seq_len:
+            self.logits = None  # not kept: the caller decodes the next token anyway
+            self.recent_logits = None
+        self.ids = self.ids[:, :seq_len]
 
 
 @runtime_checkable
@@ -132,3 +173,28 @@ class CausalLM(Protocol):
     def load_state(self, path: Path) -> State:
         """Read a state written by `save_state` of a model with the same fingerprint."""
         ...
+
+
+# -- input normalisation shared by the backends ----------------------------------------------
+
+
+def as_rows(ids: list[int] | list[list[int]]) -> list[list[int]]:
+    """Prefill input as a list of non-empty rows (one list of ids = one row)."""
+    if isinstance(ids, torch.Tensor):
+        ids = ids.tolist()
+    if not ids:
+        raise ValueError("prefill needs at least one token")
+    rows = [list(map(int, ids))] if isinstance(ids[0], int) else [list(map(int, r)) for r in ids]
+    if any(not r for r in rows):
+        raise ValueError("prefill rows must not be empty")
+    return rows
+
+
+def as_new_ids(ids: torch.Tensor | list, batch: int) -> torch.Tensor:  # [batch, n]
+    """Decode input as a [batch, n] long tensor ([n] is broadcast to every row)."""
+    new = ids if isinstance(ids, torch.Tensor) else torch.tensor(ids, dtype=torch.long)
+    if new.dim() == 1:
+        new = new.unsqueeze(0).expand(batch, -1) if batch > 1 else new.unsqueeze(0)
+    if new.shape[0] != batch or new.shape[1] == 0:
+        raise ValueError(f"decode ids of shape {tuple(new.shape)} for a batch of {batch}")
+    return new.long()

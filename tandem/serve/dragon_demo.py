@@ -90,7 +90,7 @@ def run_demo(
     on_status("preparing indexes (built once, then cached)")
     public_index = ensure_index(public_corpus, tokenizer=tokenizer, tokenizer_name=model)
     ensure_index(str(private_corpus), tokenizer=tokenizer, tokenizer_name=model)
-    set_threads(threads)  # after indexing: from now on two processes share the cores
+    set_threads(threads, role="device")  # after indexing: device and cloud get their own cores
     workdir = Path(tempfile.mkdtemp(prefix="tandem-demo-"))
     ready, log = workdir / "cloud.json", workdir / "cloud.log"
     secret = secrets.token_hex(16)
@@ -99,7 +99,7 @@ def run_demo(
         sys.executable, "-m", "tandem.serve.dragon_session",
         "--corpus", str(public_index), "--model", model, "--listen", "127.0.0.1:0",
         "--ready-file", str(ready), "--docs", str(config.docs_per_side),
-        "--threads", str(threads), "--delay-ms", str(delay_ms),
+        "--threads", str(threads), "--role", "cloud", "--delay-ms", str(delay_ms),
     ]  # fmt: skip
     on_status("starting the cloud process (public corpus: stdlib docstrings)")
     with open(log, "wb") as log_file:

@@ -32,10 +32,17 @@ CHUNK_TOKENS = 64  # DRAGON's document size (paper Sec. 7.3)
 EMBEDDER = "all-minilm-l6-v2"
 
 
-def set_threads(threads: int | None) -> None:
-    """Torch intra-op threads for this process (default: half the cores, two sides per box)."""
+def set_threads(threads: int | None, role: str | None = None) -> None:
+    """Threads for this process. 0/None with a role: pin the process to that role's cores
+    (device = first half of the machine, cloud = second half; engines use one thread per
+    core); otherwise `threads` torch threads (default: half the cores), unpinned."""
     import torch
 
+    if not threads and role is not None:
+        from tandem.testbed.cpus import pin_role
+
+        pin_role(role)
+        return
     torch.set_num_threads(threads or max(1, (os.cpu_count() or 2) // 2))
 
 
@@ -196,11 +203,12 @@ def cloud_main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ready-file", type=Path)
     parser.add_argument("--docs", type=int, default=2)
     parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--role", default="cloud", help="cores to pin to when --threads is 0")
     parser.add_argument("--no-profile", action="store_true")
     parser.add_argument("--delay-ms", type=float, default=0.0, help="emulated one-way delay")
     args = parser.parse_args(argv)
     try:
-        set_threads(args.threads)
+        set_threads(args.threads, role=args.role)
         host, port = parse_hostport(args.listen)
         setup = load_side(
             corpus=args.corpus, model=args.model, docs=args.docs, profile=not args.no_profile

@@ -41,6 +41,9 @@ class DeviceServeSettings(_Section):
     cloud: str = "127.0.0.1:7700"  # HOST:PORT of `tandem cloud serve` (unused in local mode)
     mode: Literal["local", "spec", "dragon", "rapid"] = "spec"
     model: str = "qwen2.5-coder-0.5b"  # the device model
+    backend: Literal["llamacpp", "hf"] | None = (
+        None  # model engine (None: tandem --backend / default)
+    )
     served_model_name: str | None = None  # the name clients use (default: `model`)
     listen: str = "127.0.0.1:8000"  # HOST:PORT of the HTTP API
     corpus: str | None = None  # dragon: the device's private corpus
@@ -70,6 +73,9 @@ class CloudServeSettings(_Section):
     corpus: str | None = None
     docs: int = Field(2, ge=1)
     model: str = "qwen2.5-coder-1.5b"
+    backend: Literal["llamacpp", "hf"] | None = (
+        None  # model engine (None: tandem --backend / default)
+    )
     host: str = "127.0.0.1"
     port: int = Field(7700, ge=0, le=65535)
     delay: float = Field(0.0, ge=0.0)

@@ -57,7 +57,8 @@ def test_detokenizer_waits_for_whole_characters(tiny_lm):
 
 
 @pytest.mark.slow
-def test_real_model_greedy_equals_transformers(real_lm):
+def test_real_model_greedy_equals_transformers(real_hf_lm):
+    real_lm = real_hf_lm
     ids = real_lm.tokenizer.chat_prompt("Write hello world in Python.")
     result = generate(real_lm, ids, SamplingConfig(temperature=0, max_new_tokens=8))
     assert result.tokens == _hf_greedy(real_lm, ids, 8)

@@ -1,0 +1,479 @@
+"""llama.cpp backend for the `CausalLM` protocol: a GGUF run by llama-cpp-python's C API.
+
+Owns: one llama context per model object, the mapping of `State` rows to llama sequences,
+KV rollback, cancellation mid-graph, and saving a row's KV. Words as in `tandem.models.base`, and:
+- *seq*: a llama.cpp sequence id. Each row of each live `State` owns one. The KV cache is
+  *unified*: a cell may belong to several seqs, so copying a row (`stack`, `split_rows`) is a
+  `seq_cp` that shares cells instead of copying keys and values.
+- *pads*: kept in `State.ids` for the protocol's bookkeeping only; llama.cpp itself sees each
+  row at positions 0..len-1 with no padding, so a row in a batch and the same row alone run the
+  same arithmetic per token (batch composition can still change float summation order in the
+  matrix kernels: measured in docs/backends.md).
+
+Free seqs: a `State` that is garbage-collected hands its seqs back through a finalizer; they are
+wiped at the next call under the model's lock (a finalizer may run on any thread, and the
+context must never be touched by two threads at once).
+
+Cancellation: llama.cpp calls an abort callback between graph nodes. With a `CancelEvent` the
+callback is libc's `strlen` over a two-byte flag buffer (b"\\x00\\x00" or b"\\x01\\x00", so it
+returns 0 or 1): the check costs nothing and never takes the GIL. A plain `threading.Event` gets a
+Python callback instead (correct, slower). On abort, every row is cut back to its length before
+the call, so the state is unchanged.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import hashlib
+import os
+import threading
+import warnings
+import weakref
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from tandem.errors import TandemError
+from tandem.models.base import CancelEvent, Cancelled, State, as_new_ids, as_rows
+
+FORMAT = "tandem-llamacpp-kv-1"
+DEFAULT_N_CTX = 8192  # KV cells shared by every live row (unified cache)
+N_BATCH = 512  # tokens per llama_decode call (longer inputs are chunked)
+
+# BATCH_INVARIANCE. A token's logits must not depend on what else is in its llama_decode call
+# (the other tokens of a verification block, the other rows of a batch): otherwise a 5-token
+# verification and five single-token decodes disagree and greedy speculative decoding is not
+# plain greedy decoding. Three ggml CPU paths break this, each taken only above a batch size:
+# repacked Q4_K weights (gemv for one token, gemm for four or more), the tiled K-quant matmul
+# (eight or more tokens) and llamafile's sgemm. Measured on the 0.5B model: max |logit
+# difference| 0.34 with repacking on, 0.37-0.43 with the tiled matmul on, exactly 0 with all
+# three off, at 3-5% slower decode (docs/backends.md; llamafile is off in the build measured). Repacking is turned off per model, the tiled matmul through its
+# environment switch (read once by ggml, so set before the first decode), and llamafile is a
+# build option: the README builds llama-cpp-python with GGML_LLAMAFILE=OFF. `batch_invariant`
+# reports a process where one of them is on.
+TILED_SWITCH = "GGML_CPU_TILED_MM"
+
+
+def _lib() -> Any:
+    try:
+        import llama_cpp
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise TandemError(
+            "the llamacpp backend needs llama-cpp-python: install tandem with the README's "
+            "command (it builds llama-cpp-python), or run with --backend hf"
+        ) from exc
+    return llama_cpp
+
+
+_BACKEND_READY = False
+_LOG_CALLBACK: Any = None
+
+
+def _init_backend(lib: Any) -> None:
+    """Once per process: initialise ggml and silence llama.cpp's log (errors still raise)."""
+    global _BACKEND_READY, _LOG_CALLBACK
+    if _BACKEND_READY:
+        return
+    if not os.environ.get("TANDEM_LLAMA_LOG"):
+        _LOG_CALLBACK = lib.llama_log_callback(lambda level, text, data: None)
+        lib.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))
+    os.environ.setdefault(TILED_SWITCH, "0")  # see BATCH_INVARIANCE
+    lib.llama_backend_init()
+    _BACKEND_READY = True
+    if not build_is_batch_invariant():
+        warnings.warn(
+            "this llama-cpp-python computes a token's logits differently inside a batch "
+            "(llamafile sgemm built in, or GGML_CPU_TILED_MM on): greedy speculative decoding "
+            "may differ from plain greedy decoding at near-ties; rebuild it with the README's "
+            "CMAKE_ARGS (docs/backends.md)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+
+_STRLEN = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").strlen
+
+
+def default_threads() -> int:
+    """Engine threads: the cores this process owns (its affinity set), or fewer when torch was
+    told to use fewer (`--threads`, `tandem.testbed.cpus.pin`): one thread knob for both engines."""
+    import torch
+
+    return max(1, min(torch.get_num_threads(), len(os.sched_getaffinity(0))))
+
+
+def build_is_batch_invariant() -> bool:
+    """False where this build has llamafile's sgemm or the tiled matmul was switched back on."""
+    info = _lib().llama_print_system_info().decode()
+    return "LLAMAFILE = 1" not in info and os.environ.get(TILED_SWITCH) == "0"
+
+
+class _Rows:
+    """`State.cache` of this backend: the seq of each row; frees them when dropped."""
+
+    def __init__(self, lm: LlamaCppLM, seqs: list[int]):
+        self.seqs = seqs
+        self._finalizer = weakref.finalize(self, lm._release, list(seqs))
+
+
+class LlamaCppLM:
+    """A GGUF model run by llama.cpp behind the `CausalLM` protocol."""
+
+    backend = "llamacpp"
+
+    def __init__(
+        self,
+        path: Path,
+        tokenizer: Any,
+        *,
+        name: str,
+        identity: str | None = None,
+        n_ctx: int = DEFAULT_N_CTX,
+        n_seq_max: int = 64,
+        threads: int | None = None,
+        kv_type: str = "f16",
+    ):
+        lib = self._lib = _lib()
+        _init_backend(lib)
+        path = Path(path)
+        if not path.is_file():
+            raise TandemError(f"GGUF file not found: {path}")
+        self.name, self.tokenizer, self.path = name, tokenizer, path
+        self.threads = threads or default_threads()
+        mparams = lib.llama_model_default_params()
+        mparams.use_extra_bufts = False  # no repacked weights: see BATCH_INVARIANCE
+        self._model = lib.llama_model_load_from_file(str(path).encode(), mparams)
+        if not self._model:
+            raise TandemError(f"llama.cpp cannot load {path} (truncated or not a GGUF model?)")
+        cparams = lib.llama_context_default_params()
+        cparams.n_ctx = n_ctx
+        cparams.n_batch = N_BATCH
+        cparams.n_ubatch = N_BATCH
+        cparams.n_seq_max = n_seq_max
+        cparams.n_threads = cparams.n_threads_batch = self.threads
+        cparams.kv_unified = True
+        cparams.no_perf = True
+        cparams.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        types = {"f16": lib.GGML_TYPE_F16, "q8_0": lib.GGML_TYPE_Q8_0}
+        if kv_type not in types:
+            raise TandemError(f"kv_type must be one of {', '.join(types)}, not {kv_type!r}")
+        if kv_type != "f16":  # a quantized V cache needs flash attention in llama.cpp
+            cparams.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_ENABLED
+        cparams.type_k = cparams.type_v = types[kv_type]
+        self._ctx = lib.llama_init_from_model(self._model, cparams)
+        if not self._ctx:
+            lib.llama_model_free(self._model)
+            raise TandemError(f"llama.cpp cannot create a context for {path} (n_ctx={n_ctx})")
+        self._mem = lib.llama_get_memory(self._ctx)
+        self.n_ctx, self.kv_type = n_ctx, kv_type
+        vocab = lib.llama_model_get_vocab(self._model)
+        self.vocab_size = int(lib.llama_vocab_n_tokens(vocab))
+        self._batch = lib.llama_batch_init(N_BATCH, 0, 1)
+        self._lock = threading.RLock()  # the context is used by one thread at a time
+        self._free = list(range(n_seq_max - 1, -1, -1))  # seq ids not in use (pop from the end)
+        self._dead: list[int] = []  # seqs of collected states, wiped at the next call
+        self._dead_lock = threading.Lock()
+        self._flag = ctypes.create_string_buffer(2)  # [flag, 0]: strlen() is the abort check
+        self._py_abort: Any = None
+        self.fingerprint = self._fingerprint(identity)
+        self._closer = weakref.finalize(
+            self, _free_native, lib, self._ctx, self._model, self._batch
+        )
+
+    def _fingerprint(self, identity: str | None) -> str:
+        if identity is None:  # a user's GGUF: its size and the bytes of its header and tail
+            size = self.path.stat().st_size
+            with open(self.path, "rb") as f:
+                head = f.read(1 << 20)
+                f.seek(max(0, size - (1 << 20)))
+                tail = f.read()
+            identity = hashlib.sha256(head + tail + str(size).encode()).hexdigest()
+        digest = hashlib.sha256(f"llamacpp:{self.kv_type}:{identity}:".encode())
+        digest.update(self.tokenizer.fingerprint.encode())
+        return digest.hexdigest()
+
+    # -- seqs -------------------------------------------------------------------------------
+
+    def _release(self, seqs: list[int]) -> None:
+        with self._dead_lock:
+            self._dead.extend(seqs)
+
+    def _take(self, n: int) -> list[int]:
+        """`n` free seq ids, wiping those of collected states first (call under the lock)."""
+        with self._dead_lock:
+            dead, self._dead = self._dead, []
+        for seq in dead:
+            self._lib.llama_memory_seq_rm(self._mem, seq, -1, -1)
+        self._free.extend(dead)
+        if len(self._free) < n:
+            raise TandemError(
+                f"{self.name}: more than {self.n_seq_max} live rows (llama sequences); "
+                "drop unused states or load the model with a larger n_seq_max"
+            )
+        return [self._free.pop() for _ in range(n)]
+
+    @property
+    def batch_invariant(self) -> bool:
+        """Whether this build computes a token's logits the same in any batch (see
+        BATCH_INVARIANCE): false for a llama-cpp-python built with llamafile's sgemm."""
+        return build_is_batch_invariant()  # (same for every model of the process)
+
+    @property
+    def n_seq_max(self) -> int:
+        return int(self._lib.llama_n_seq_max(self._ctx))
+
+    def _new_state(self, ids: torch.Tensor, pads: list[int], seqs: list[int], logits) -> State:
+        return State(ids=ids, pads=pads, logits=logits, cache=_Rows(self, seqs))
+
+    # -- forward passes ---------------------------------------------------------------------
+
+    def _run(
+        self,
+        items: list[tuple[int, int, int, bool]],  # (token, position, seq, wants logits)
+        cancel: threading.Event | None,
+    ) -> np.ndarray:  # [number of items that want logits, vocab] float32
+        """Decode `items` in chunks of N_BATCH; logits of the flagged items, in order."""
+        lib, batch = self._lib, self._batch
+        out: list[np.ndarray] = []
+        self._arm(cancel)
+        try:
+            for start in range(0, len(items), N_BATCH):
+                chunk = items[start : start + N_BATCH]
+                for i, (token, pos, seq, wants) in enumerate(chunk):
+                    batch.token[i] = token
+                    batch.pos[i] = pos
+                    batch.n_seq_id[i] = 1
+                    batch.seq_id[i][0] = seq
+                    batch.logits[i] = wants
+                batch.n_tokens = len(chunk)
+                if cancel is not None and cancel.is_set():
+                    raise Cancelled("decode cancelled")
+                status = lib.llama_decode(self._ctx, batch)
+                if status == 2:
+                    raise Cancelled("decode cancelled")
+                if status != 0:
+                    raise TandemError(
+                        f"{self.name}: llama_decode failed (status {status}); the KV cache of "
+                        f"{self.n_ctx} cells may be full: load the model with a larger n_ctx"
+                    )
+                n_out = sum(1 for item in chunk if item[3])
+                if n_out:
+                    ptr = lib.llama_get_logits(self._ctx)
+                    out.append(np.ctypeslib.as_array(ptr, shape=(n_out, self.vocab_size)).copy())
+        finally:
+            self._disarm(cancel)
+        if not out:
+            return np.zeros((0, self.vocab_size), dtype=np.float32)
+        return out[0] if len(out) == 1 else np.concatenate(out)
+
+    def _arm(self, cancel: threading.Event | None) -> None:
+        self._flag[0] = b"\x00"
+        if cancel is None:
+            return
+        lib = self._lib
+        if isinstance(cancel, CancelEvent):
+            cancel.listen(self._raise_flag)
+            callback = ctypes.cast(_STRLEN, lib.ggml_abort_callback)
+            lib.llama_set_abort_callback(self._ctx, callback, ctypes.addressof(self._flag))
+            self._py_abort = callback
+        else:
+            self._py_abort = lib.ggml_abort_callback(lambda data: cancel.is_set())
+            lib.llama_set_abort_callback(self._ctx, self._py_abort, None)
+
+    def _disarm(self, cancel: threading.Event | None) -> None:
+        if cancel is None:
+            return
+        if isinstance(cancel, CancelEvent):
+            cancel.unlisten(self._raise_flag)
+        self._lib.llama_set_abort_callback(self._ctx, self._lib.ggml_abort_callback(0), None)
+        self._py_abort = None
+
+    def _raise_flag(self) -> None:
+        self._flag[0] = b"\x01"
+
+    def _cut(self, seqs: list[int], lengths: list[int]) -> None:
+        for seq, length in zip(seqs, lengths, strict=True):
+            if not self._lib.llama_memory_seq_rm(self._mem, seq, length, -1):
+                raise TandemError(f"{self.name}: cannot cut sequence {seq} back to {length}")
+
+    def prefill(
+        self, ids: list[int] | list[list[int]], cancel: threading.Event | None = None
+    ) -> State:
+        rows = as_rows(ids)
+        width = max(len(r) for r in rows)
+        pads = [width - len(r) for r in rows]
+        with self._lock:
+            seqs = self._take(len(rows))
+            items = [
+                (tok, pos, seq, pos == len(row) - 1)
+                for row, seq in zip(rows, seqs, strict=True)
+                for pos, tok in enumerate(row)
+            ]
+            try:
+                logits = self._run(items, cancel)
+            except BaseException:
+                self._cut(seqs, [0] * len(seqs))
+                self._free.extend(seqs)
+                raise
+        tokens = torch.tensor([[0] * p + r for p, r in zip(pads, rows, strict=True)])
+        return self._new_state(tokens, pads, seqs, torch.from_numpy(logits))
+
+    def decode(
+        self,
+        state: State,
+        ids: torch.Tensor | list[list[int]] | list[int],
+        cancel: threading.Event | None = None,
+    ) -> torch.Tensor:
+        new = as_new_ids(ids, state.batch)  # [batch, n]
+        n = new.shape[1]
+        seqs, lengths = state.cache.seqs, state.lengths
+        rows = new.tolist()
+        items = [
+            (tok, length + j, seq, True)
+            for seq, length, row in zip(seqs, lengths, rows, strict=True)
+            for j, tok in enumerate(row)
+        ]
+        with self._lock:
+            try:
+                flat = self._run(items, cancel)
+            except BaseException:
+                self._cut(seqs, lengths)
+                raise
+        logits = torch.from_numpy(flat).view(state.batch, n, self.vocab_size)
+        state.ids = torch.cat([state.ids, new], dim=1)
+        state.logits = logits[:, -1]
+        state.recent_logits = logits
+        return logits
+
+    def crop(self, state: State, seq_len: int) -> None:
+        state.crop_bookkeeping(seq_len)
+        with self._lock:
+            self._cut(state.cache.seqs, state.lengths)
+
+    def rollback(self, state: State, num_tokens: int) -> None:
+        if num_tokens:
+            self.crop(state, state.seq_len - num_tokens)
+
+    def evict(self, state: State, start: int, end: int) -> None:
+        """Drop positions [start, end) of a one-row unpadded state and shift the later ones
+        down (StreamingLLM); llama.cpp re-rotates the shifted keys at the next decode."""
+        if state.batch != 1 or state.pads[0] != 0:
+            raise TandemError("evict works on one unpadded row")
+        if not 0 <= start < end <= state.seq_len:
+            raise ValueError(f"evict [{start}, {end}) outside 0..{state.seq_len}")
+        seq = state.cache.seqs[0]
+        with self._lock:
+            if not self._lib.llama_memory_seq_rm(self._mem, seq, start, end):
+                raise TandemError(f"{self.name}: cannot evict [{start}, {end})")
+            self._lib.llama_memory_seq_add(self._mem, seq, end, -1, start - end)
+        state.ids = torch.cat([state.ids[:, :start], state.ids[:, end:]], dim=1)
+        state.recent_logits = None
+
+    def score(self, ids: list[int]) -> torch.Tensor:  # [len(ids), vocab]
+        row = as_rows(ids)[0]
+        with self._lock:
+            (seq,) = self._take(1)
+            try:
+                logits = self._run([(t, p, seq, True) for p, t in enumerate(row)], None)
+            finally:
+                self._cut([seq], [0])
+                self._free.append(seq)
+        return torch.from_numpy(logits)
+
+    def _copy_rows(self, pairs: list[tuple[int, int]]) -> list[int]:
+        """New seqs sharing the cells of rows (src seq, length) (call under the lock)."""
+        seqs = self._take(len(pairs))
+        for (src, length), dst in zip(pairs, seqs, strict=True):
+            self._lib.llama_memory_seq_cp(self._mem, src, dst, 0, length)
+        return seqs
+
+    def stack(self, states: list[State]) -> State:
+        width = max(s.seq_len for s in states)
+        ids, pads, logits, pairs = [], [], [], []
+        for s in states:
+            extra = width - s.seq_len
+            ids.append(torch.nn.functional.pad(s.ids, (extra, 0), value=0))
+            pads.extend(p + extra for p in s.pads)
+            logits.append(s.logits)
+            pairs.extend(zip(s.cache.seqs, s.lengths, strict=True))
+        with self._lock:
+            seqs = self._copy_rows(pairs)
+        return self._new_state(torch.cat(ids), pads, seqs, torch.cat(logits))
+
+    def split_rows(self, state: State) -> list[State]:
+        """The inverse of `stack`: one single-row state per row, left padding removed; each
+        continues decoding exactly as the row would alone (its cells are shared, not copied)."""
+        with self._lock:
+            seqs = self._copy_rows(list(zip(state.cache.seqs, state.lengths, strict=True)))
+        rows = []
+        for row, (pad, seq) in enumerate(zip(state.pads, seqs, strict=True)):
+            logits = None if state.logits is None else state.logits[row : row + 1].clone()
+            recent = state.recent_logits
+            one = self._new_state(state.ids[row : row + 1, pad:].clone(), [0], [seq], logits)
+            one.recent_logits = None if recent is None else recent[row : row + 1].clone()
+            rows.append(one)
+        return rows
+
+    # -- persistence ------------------------------------------------------------------------
+
+    def save_state(self, state: State, path: Path) -> None:
+        from safetensors.torch import save_file
+
+        lib = self._lib
+        tensors = {
+            "ids": state.ids.contiguous(),
+            "pads": torch.tensor(state.pads, dtype=torch.long),
+            "logits": state.logits.contiguous(),
+        }
+        with self._lock:
+            for row, seq in enumerate(state.cache.seqs):
+                size = lib.llama_state_seq_get_size(self._ctx, seq)
+                buf = (ctypes.c_uint8 * size)()
+                written = lib.llama_state_seq_get_data(self._ctx, buf, size, seq)
+                tensors[f"kv.{row}"] = torch.frombuffer(bytearray(buf[:written]), dtype=torch.uint8)
+        path = Path(path)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        save_file(tensors, str(tmp), metadata={"format": FORMAT, "fingerprint": self.fingerprint})
+        os.replace(tmp, path)
+
+    def load_state(self, path: Path) -> State:
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                meta = f.metadata() or {}
+                if meta.get("format") != FORMAT:
+                    raise TandemError(f"{path}: not a tandem llama.cpp KV file")
+                if meta.get("fingerprint") != self.fingerprint:
+                    raise TandemError(
+                        f"{path}: KV cache was made by another model ({self.name} differs)"
+                    )
+                tensors = {key: f.get_tensor(key) for key in f.keys()}  # noqa: SIM118
+        except (OSError, ValueError, RuntimeError) as exc:
+            raise TandemError(f"{path}: unreadable KV file ({exc})".splitlines()[0]) from exc
+        pads = tensors["pads"].tolist()
+        with self._lock:
+            seqs = self._take(len(pads))
+            for row, seq in enumerate(seqs):
+                blob = tensors[f"kv.{row}"].numpy()
+                read = self._lib.llama_state_seq_set_data(
+                    self._ctx, blob.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), blob.size, seq
+                )
+                if read == 0:
+                    self._cut(seqs, [0] * len(seqs))
+                    self._free.extend(seqs)
+                    raise TandemError(f"{path}: llama.cpp refused the KV of row {row}")
+        return self._new_state(tensors["ids"], pads, seqs, tensors["logits"])
+
+    def close(self) -> None:
+        """Free the native model and context now (also done when the object is collected)."""
+        self._closer()
+
+
+def _free_native(lib: Any, ctx: Any, model: Any, batch: Any) -> None:
+    lib.llama_batch_free(batch)
+    lib.llama_free(ctx)
+    lib.llama_model_free(model)
