@@ -148,8 +148,7 @@ def bench_kv(lm, texts: list[str], lengths: list[int], work: Path) -> list[dict]
     store = DocKVStore(work / "kv", lm)
     ids_all = lm.tokenizer.encode("\n\n".join(texts))
     query = lm.tokenizer.encode("\nQuestion: which function in this module should I call?")
-    config = lm.model.config
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    config = getattr(getattr(lm, "model", None), "config", None)  # transformers only
     rows = []
     for length in lengths:
         docs = [ids_all[i * length : (i + 1) * length] for i in range(3)]
@@ -169,7 +168,14 @@ def bench_kv(lm, texts: list[str], lengths: list[int], work: Path) -> list[dict]
             median_seconds(lambda d=d: lm.decode(store.load(d), [query]), repeats=3, warmup=0)
             for d in docs
         ]
-        kv_bytes = 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * length * 4
+        if config is not None:  # fp32 keys and values of every layer
+            head_dim = getattr(config, "head_dim", None) or (
+                config.hidden_size // config.num_attention_heads
+            )
+            kv_bytes = 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * length
+            kv_bytes *= 4
+        else:  # llama.cpp's own per-sequence state (f16 keys and values)
+            kv_bytes = store.nbytes(docs[0])
         rows.append(
             {
                 "doc_tokens": length,

@@ -86,7 +86,7 @@ def load_models(regime: str, cache: dict):
             elif name.endswith("-int8"):
                 import torch
 
-                lm = load_model(name.removesuffix("-int8"), progress=False)
+                lm = load_model(name.removesuffix("-int8"), progress=False, backend="hf")
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     torch.ao.quantization.quantize_dynamic(

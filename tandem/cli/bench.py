@@ -14,19 +14,34 @@ OUT = typer.Option(Path("bench/results"), "--out", help="Folder for the JSON and
 @app.command("decode")
 def decode(
     models: list[str] = typer.Option(
-        ["qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"], "--model", help="Model name(s) or paths."
+        ["qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"], "--model", help="Model name(s)."
+    ),
+    backends: str = typer.Option(
+        "llamacpp,hf", "--backend", help="Engines side by side, comma-separated (llamacpp,hf)."
     ),
     contexts: list[int] = typer.Option(
-        [32, 128, 256, 512, 1024], "--context", help="Context lengths (tokens) to profile."
+        [32, 256, 1024, 4096], "--context", help="Context lengths (tokens) to profile."
     ),
-    decode_tokens: int = typer.Option(8, help="Decode steps timed per context length."),
+    decode_tokens: int = typer.Option(16, help="Decode steps timed per context length."),
     repeats: int = typer.Option(2, help="Timed repeats per point (after one warm-up)."),
+    hf_max_context: int = typer.Option(1024, help="Longest context run on transformers."),
+    cpus: str = typer.Option("", help="Cores for the workers, e.g. 0 or 0-1 (default: all)."),
     out: Path = OUT,
 ) -> None:
-    """Prefill and per-token decode latency vs context length (the profiler's input)."""
+    """Prefill, decode per token, verify-k and n-row cost per engine, side by side."""
     from tandem.bench.decode import run
+    from tandem.testbed.cpus import parse_cpus
 
-    run(models=models, contexts=contexts, decode_tokens=decode_tokens, repeats=repeats, out=out)
+    run(
+        models=models,
+        backends=[b.strip() for b in backends.split(",") if b.strip()],
+        contexts=contexts,
+        decode_tokens=decode_tokens,
+        repeats=repeats,
+        hf_max_context=hf_max_context,
+        cores=parse_cpus(cpus) if cpus else None,
+        out=out,
+    )
 
 
 @app.command("codecs")

@@ -6,9 +6,8 @@ KV rollback, cancellation mid-graph, and saving a row's KV. Words as in `tandem.
   *unified*: a cell may belong to several seqs, so copying a row (`stack`, `split_rows`) is a
   `seq_cp` that shares cells instead of copying keys and values.
 - *pads*: kept in `State.ids` for the protocol's bookkeeping only; llama.cpp itself sees each
-  row at positions 0..len-1 with no padding, so a row in a batch and the same row alone run the
-  same arithmetic per token (batch composition can still change float summation order in the
-  matrix kernels: measured in docs/backends.md).
+  row at positions 0..len-1 with no padding (the kernels still differ a little with the number
+  of tokens per call: NUMERICS below).
 
 Free seqs: a `State` that is garbage-collected hands its seqs back through a finalizer; they are
 wiped at the next call under the model's lock (a finalizer may run on any thread, and the
@@ -28,7 +27,6 @@ import ctypes.util
 import hashlib
 import os
 import threading
-import warnings
 import weakref
 from pathlib import Path
 from typing import Any
@@ -43,18 +41,13 @@ FORMAT = "tandem-llamacpp-kv-1"
 DEFAULT_N_CTX = 8192  # KV cells shared by every live row (unified cache)
 N_BATCH = 512  # tokens per llama_decode call (longer inputs are chunked)
 
-# BATCH_INVARIANCE. A token's logits must not depend on what else is in its llama_decode call
-# (the other tokens of a verification block, the other rows of a batch): otherwise a 5-token
-# verification and five single-token decodes disagree and greedy speculative decoding is not
-# plain greedy decoding. Three ggml CPU paths break this, each taken only above a batch size:
-# repacked Q4_K weights (gemv for one token, gemm for four or more), the tiled K-quant matmul
-# (eight or more tokens) and llamafile's sgemm. Measured on the 0.5B model: max |logit
-# difference| 0.34 with repacking on, 0.37-0.43 with the tiled matmul on, exactly 0 with all
-# three off, at 3-5% slower decode (docs/backends.md; llamafile is off in the build measured). Repacking is turned off per model, the tiled matmul through its
-# environment switch (read once by ggml, so set before the first decode), and llamafile is a
-# build option: the README builds llama-cpp-python with GGML_LLAMAFILE=OFF. `batch_invariant`
-# reports a process where one of them is on.
-TILED_SWITCH = "GGML_CPU_TILED_MM"
+# NUMERICS. llama.cpp's CPU kernels are not batch-invariant: a token's logits depend a little on
+# how many tokens share its llama_decode call (single-token gemv vs multi-token gemm paths,
+# repacked weights, the tiled K-quant matmul, and attention once the context passes ~32 tokens).
+# Measured on the 0.5B model: max |logit difference| 0.3-0.7 between a k-token block and k
+# single-token steps (docs/backends.md). Greedy speculative decoding therefore equals plain
+# greedy decoding except where the top two logits are nearer than that; the tests say so.
+BATCH_SHAPE_ERROR = 1.0  # the bound the tests hold llama.cpp to (measured maximum: 0.74)
 
 
 def _lib() -> Any:
@@ -80,18 +73,8 @@ def _init_backend(lib: Any) -> None:
     if not os.environ.get("TANDEM_LLAMA_LOG"):
         _LOG_CALLBACK = lib.llama_log_callback(lambda level, text, data: None)
         lib.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))
-    os.environ.setdefault(TILED_SWITCH, "0")  # see BATCH_INVARIANCE
     lib.llama_backend_init()
     _BACKEND_READY = True
-    if not build_is_batch_invariant():
-        warnings.warn(
-            "this llama-cpp-python computes a token's logits differently inside a batch "
-            "(llamafile sgemm built in, or GGML_CPU_TILED_MM on): greedy speculative decoding "
-            "may differ from plain greedy decoding at near-ties; rebuild it with the README's "
-            "CMAKE_ARGS (docs/backends.md)",
-            RuntimeWarning,
-            stacklevel=3,
-        )
 
 
 _STRLEN = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").strlen
@@ -103,12 +86,6 @@ def default_threads() -> int:
     import torch
 
     return max(1, min(torch.get_num_threads(), len(os.sched_getaffinity(0))))
-
-
-def build_is_batch_invariant() -> bool:
-    """False where this build has llamafile's sgemm or the tiled matmul was switched back on."""
-    info = _lib().llama_print_system_info().decode()
-    return "LLAMAFILE = 1" not in info and os.environ.get(TILED_SWITCH) == "0"
 
 
 class _Rows:
@@ -144,7 +121,6 @@ class LlamaCppLM:
         self.name, self.tokenizer, self.path = name, tokenizer, path
         self.threads = threads or default_threads()
         mparams = lib.llama_model_default_params()
-        mparams.use_extra_bufts = False  # no repacked weights: see BATCH_INVARIANCE
         self._model = lib.llama_model_load_from_file(str(path).encode(), mparams)
         if not self._model:
             raise TandemError(f"llama.cpp cannot load {path} (truncated or not a GGUF model?)")
@@ -157,7 +133,7 @@ class LlamaCppLM:
         cparams.kv_unified = True
         cparams.no_perf = True
         cparams.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_DISABLED
-        types = {"f16": lib.GGML_TYPE_F16, "q8_0": lib.GGML_TYPE_Q8_0}
+        types = {"f16": lib.GGML_TYPE_F16, "q8_0": lib.GGML_TYPE_Q8_0, "f32": lib.GGML_TYPE_F32}
         if kv_type not in types:
             raise TandemError(f"kv_type must be one of {', '.join(types)}, not {kv_type!r}")
         if kv_type != "f16":  # a quantized V cache needs flash attention in llama.cpp
@@ -214,12 +190,6 @@ class LlamaCppLM:
                 "drop unused states or load the model with a larger n_seq_max"
             )
         return [self._free.pop() for _ in range(n)]
-
-    @property
-    def batch_invariant(self) -> bool:
-        """Whether this build computes a token's logits the same in any batch (see
-        BATCH_INVARIANCE): false for a llama-cpp-python built with llamafile's sgemm."""
-        return build_is_batch_invariant()  # (same for every model of the process)
 
     @property
     def n_seq_max(self) -> int:
@@ -401,7 +371,8 @@ class LlamaCppLM:
             pairs.extend(zip(s.cache.seqs, s.lengths, strict=True))
         with self._lock:
             seqs = self._copy_rows(pairs)
-        return self._new_state(torch.cat(ids), pads, seqs, torch.cat(logits))
+        logits = None if any(x is None for x in logits) else torch.cat(logits)
+        return self._new_state(torch.cat(ids), pads, seqs, logits)
 
     def split_rows(self, state: State) -> list[State]:
         """The inverse of `stack`: one single-row state per row, left padding removed; each

@@ -119,7 +119,7 @@ def test_flags_override_file_values(tmp_path):
 
 def test_cloud_settings_names_are_stable():
     fields = set(CloudServeSettings.model_fields)
-    assert {"mode", "corpus", "docs", "model", "host", "port", "delay", "threads",
+    assert {"mode", "corpus", "docs", "model", "backend", "host", "port", "delay", "threads",
             "max_sessions", "max_context", "max_queued_tokens", "batch_window_ms",
             "metrics_port", "log_format"} == fields  # fmt: skip
 

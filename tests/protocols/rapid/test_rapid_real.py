@@ -14,16 +14,19 @@ from tandem.protocols.rapid.states import Prefilled
 pytestmark = pytest.mark.slow
 
 
-def test_real_greedy_self_speculation_with_eta_zero_equals_target_greedy(real_lm):
+def test_real_greedy_self_speculation_with_eta_zero_equals_target_greedy(real_lm, greedy):
     context = "\n".join(f"def f{i}(x):\n    return x + {i}" for i in range(30))
     question = "What does f7 return for x = 1? Answer briefly."
     retrieved = "def f7(x):\n    return x + 7"
     target = Prefilled(real_lm, target_prompt(real_lm.tokenizer, context, question))
     drafter = Prefilled(real_lm, drafter_prompt(real_lm.tokenizer, retrieved, question))
     reference = lc(target, RapidConfig(temperature=0.0, max_new_tokens=12))
+    ids = target_prompt(real_lm.tokenizer, context, question)
+    expected, margins = greedy.with_margins(real_lm, ids, len(reference.tokens))
+    assert reference.tokens == expected
     for mode in ("exact", "paper"):
         cfg = RapidConfig(temperature=0.0, eta=0.0, mode=mode, gamma=4, max_new_tokens=12)
-        assert rapid(target, drafter, cfg).tokens == reference.tokens
+        greedy.assert_equal(real_lm, rapid(target, drafter, cfg).tokens, expected, margins)
 
 
 def test_real_rapid_run_on_a_stdlib_task(real_lm):

@@ -1,6 +1,8 @@
 """Integration: Qwen2.5-Coder-0.5B drafts on the "device", Qwen2.5-Coder-1.5B verifies in the
-"cloud" (a real draft/target pair sharing a tokenizer); greedy output equals the 1.5B model's
-own greedy output. The 1.5B model (~7 GB in fp32) is loaded once and freed afterwards."""
+"cloud" (a real draft/target pair sharing a tokenizer), both on the default engine (llama.cpp);
+greedy output equals the 1.5B model's own plain greedy output, or departs from it only at a
+near-tie (llama.cpp's verification blocks and single steps differ a little: conftest.py's
+assert_greedy_equal). The 1.5B model is loaded once and freed afterwards."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from tandem.protocols.spec import SpecConfig, run_pair
 from tandem.transport import LinkConfig
 
 pytestmark = pytest.mark.slow
-N = 8
+N = 32
 PROMPT = 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'
 
 
@@ -30,15 +32,21 @@ def cloud_lm():
 
 
 @pytest.fixture(scope="module")
-def reference(cloud_lm):
+def reference(cloud_lm, greedy):
     ids = cloud_lm.tokenizer.encode(PROMPT)
     config = SamplingConfig(temperature=0, max_new_tokens=N, stop_at_eos=False)
-    return ids, generate(cloud_lm, ids, config).tokens
+    tokens, margins = greedy.with_margins(cloud_lm, ids, N)
+    assert generate(cloud_lm, ids, config).tokens == tokens  # the one decoding loop agrees
+    return ids, tokens, margins
 
 
-@pytest.mark.parametrize("pipeline,codec", [("async", "dense"), ("sync", "k-sqs")])
-def test_qwen_half_b_drafts_for_one_and_a_half_b(real_lm, cloud_lm, reference, pipeline, codec):
-    ids, expected = reference
+@pytest.mark.parametrize(
+    "pipeline,codec", [("async", "dense"), ("sync", "k-sqs"), ("async", "c-sqs"), ("sync", "dense")]
+)
+def test_qwen_half_b_drafts_for_one_and_a_half_b(
+    real_lm, cloud_lm, reference, greedy, pipeline, codec
+):
+    ids, expected, margins = reference
     config = SpecConfig(
         pipeline=pipeline, codec=codec, temperature=0.0, max_new_tokens=N, stop_at_eos=False
     )
@@ -51,5 +59,5 @@ def test_qwen_half_b_drafts_for_one_and_a_half_b(real_lm, cloud_lm, reference, p
             link=LinkConfig(delay_ms=10.0),
         )
     )
-    assert report.tokens == expected, (real_lm.tokenizer.decode(report.tokens), expected)
+    greedy.assert_equal(cloud_lm, report.tokens, expected, margins)
     assert report.summary()["acceptance_rate"] > 0.3  # the 0.5B model is a useful drafter
