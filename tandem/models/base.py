@@ -198,3 +198,44 @@ def as_new_ids(ids: torch.Tensor | list, batch: int) -> torch.Tensor:  # [batch,
     if new.shape[0] != batch or new.shape[1] == 0:
         raise ValueError(f"decode ids of shape {tuple(new.shape)} for a batch of {batch}")
     return new.long()
+
+
+# -- KV files (save_state / load_state of every backend) ----------------------------------------
+
+
+def state_tensors(state: State) -> dict[str, torch.Tensor]:
+    """The backend-neutral part of a KV file: ids, pads and next-token logits."""
+    return {
+        "ids": state.ids.contiguous(),
+        "pads": torch.tensor(state.pads, dtype=torch.long),
+        "logits": state.logits.contiguous(),
+    }
+
+
+def write_kv_file(path: Path, tensors: dict[str, torch.Tensor], *, kind: str, lm) -> None:
+    """Atomically write a safetensors KV file stamped with its format and the model fingerprint."""
+    import os
+
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    save_file(tensors, str(tmp), metadata={"format": kind, "fingerprint": lm.fingerprint})
+    os.replace(tmp, path)
+
+
+def read_kv_file(path: Path, *, kind: str, lm) -> dict[str, torch.Tensor]:
+    """The tensors of a KV file written by `write_kv_file` for this very model; a one-line
+    TandemError for another format, another model or an unreadable file."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+            if meta.get("format") != kind:
+                raise TandemError(f"{path}: not a tandem KV file of this engine ({kind})")
+            if meta.get("fingerprint") != lm.fingerprint:
+                raise TandemError(f"{path}: KV cache was made by another model ({lm.name} differs)")
+            return {key: f.get_tensor(key) for key in f.keys()}  # noqa: SIM118
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise TandemError(f"{path}: unreadable KV file ({exc})".splitlines()[0]) from exc

@@ -12,7 +12,6 @@ fires, layers that already appended keys/values are cut back, so the state is as
 from __future__ import annotations
 
 import hashlib
-import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,15 @@ from typing import Any
 import torch
 
 from tandem.errors import TandemError
-from tandem.models.base import Cancelled, State, as_new_ids, as_rows
+from tandem.models.base import (
+    Cancelled,
+    State,
+    as_new_ids,
+    as_rows,
+    read_kv_file,
+    state_tensors,
+    write_kv_file,
+)
 
 FORMAT = "tandem-kv-1"
 
@@ -195,33 +202,14 @@ class HFCausalLM:
     # -- persistence ------------------------------------------------------------------------
 
     def save_state(self, state: State, path: Path) -> None:
-        from safetensors.torch import save_file
-
-        tensors = {
-            "ids": state.ids.contiguous(),
-            "pads": torch.tensor(state.pads, dtype=torch.long),
-            "logits": state.logits.contiguous(),
-        }
+        tensors = state_tensors(state)
         for i, (k, v) in enumerate(_cache_tensors(state.cache)):
             tensors[f"k.{i}"] = k.contiguous()
             tensors[f"v.{i}"] = v.contiguous()
-        path = Path(path)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        save_file(tensors, str(tmp), metadata={"format": FORMAT, "fingerprint": self.fingerprint})
-        os.replace(tmp, path)
+        write_kv_file(path, tensors, kind=FORMAT, lm=self)
 
     def load_state(self, path: Path) -> State:
-        from safetensors import safe_open
-
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
-            if meta.get("format") != FORMAT:
-                raise TandemError(f"{path}: not a tandem KV file")
-            if meta.get("fingerprint") != self.fingerprint:
-                raise TandemError(
-                    f"{path}: KV cache was made by another model ({self.name} differs)"
-                )
-            tensors = {key: f.get_tensor(key) for key in f.keys()}  # noqa: SIM118
+        tensors = read_kv_file(path, kind=FORMAT, lm=self)
         cache = self._new_cache()
         for i in range(len(self.layers)):
             cache.update(tensors[f"k.{i}"], tensors[f"v.{i}"], i)

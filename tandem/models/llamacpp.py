@@ -35,7 +35,16 @@ import numpy as np
 import torch
 
 from tandem.errors import TandemError
-from tandem.models.base import CancelEvent, Cancelled, State, as_new_ids, as_rows
+from tandem.models.base import (
+    CancelEvent,
+    Cancelled,
+    State,
+    as_new_ids,
+    as_rows,
+    read_kv_file,
+    state_tensors,
+    write_kv_file,
+)
 
 FORMAT = "tandem-llamacpp-kv-1"
 DEFAULT_N_CTX = 8192  # KV cells shared by every live row (unified cache)
@@ -391,40 +400,18 @@ class LlamaCppLM:
     # -- persistence ------------------------------------------------------------------------
 
     def save_state(self, state: State, path: Path) -> None:
-        from safetensors.torch import save_file
-
         lib = self._lib
-        tensors = {
-            "ids": state.ids.contiguous(),
-            "pads": torch.tensor(state.pads, dtype=torch.long),
-            "logits": state.logits.contiguous(),
-        }
+        tensors = state_tensors(state)
         with self._lock:
             for row, seq in enumerate(state.cache.seqs):
                 size = lib.llama_state_seq_get_size(self._ctx, seq)
                 buf = (ctypes.c_uint8 * size)()
                 written = lib.llama_state_seq_get_data(self._ctx, buf, size, seq)
                 tensors[f"kv.{row}"] = torch.frombuffer(bytearray(buf[:written]), dtype=torch.uint8)
-        path = Path(path)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        save_file(tensors, str(tmp), metadata={"format": FORMAT, "fingerprint": self.fingerprint})
-        os.replace(tmp, path)
+        write_kv_file(path, tensors, kind=FORMAT, lm=self)
 
     def load_state(self, path: Path) -> State:
-        from safetensors import safe_open
-
-        try:
-            with safe_open(str(path), framework="pt") as f:
-                meta = f.metadata() or {}
-                if meta.get("format") != FORMAT:
-                    raise TandemError(f"{path}: not a tandem llama.cpp KV file")
-                if meta.get("fingerprint") != self.fingerprint:
-                    raise TandemError(
-                        f"{path}: KV cache was made by another model ({self.name} differs)"
-                    )
-                tensors = {key: f.get_tensor(key) for key in f.keys()}  # noqa: SIM118
-        except (OSError, ValueError, RuntimeError) as exc:
-            raise TandemError(f"{path}: unreadable KV file ({exc})".splitlines()[0]) from exc
+        tensors = read_kv_file(path, kind=FORMAT, lm=self)
         pads = tensors["pads"].tolist()
         with self._lock:
             seqs = self._take(len(pads))
