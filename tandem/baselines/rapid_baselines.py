@@ -17,8 +17,6 @@ This needs the transformers backend (a Qwen2-style rotary embedding and a Dynami
 
 from __future__ import annotations
 
-import torch
-
 from tandem.errors import TandemError
 from tandem.models.base import CausalLM, State
 from tandem.protocols.rapid.config import RapidConfig
@@ -60,21 +58,6 @@ def sd(target: Prefilled, drafter: Prefilled, config: RapidConfig) -> RapidResul
 # -- StreamingLLM-style drafter --------------------------------------------------------------
 
 
-def rotate_keys(lm: CausalLM, keys: torch.Tensor, delta: int) -> torch.Tensor:
-    """Keys [batch, heads, seq, head_dim] that were rotated for position p -> for p + delta."""
-    from transformers.models.qwen2.modeling_qwen2 import rotate_half
-
-    rotary = getattr(getattr(getattr(lm, "model", None), "model", None), "rotary_emb", None)
-    if rotary is None or float(getattr(rotary, "attention_scaling", 1.0)) != 1.0:
-        raise TandemError(
-            f"the StreamingLLM drafter needs a plain-RoPE transformers model ({lm.name})"
-        )
-    positions = torch.full((1, keys.shape[-2]), delta, dtype=torch.long)
-    cos, sin = rotary(keys, positions)  # [1, seq, head_dim] each
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    return keys * cos + rotate_half(keys) * sin
-
-
 def compress_cache(lm: CausalLM, state: State, *, sink: int, window: int) -> int:
     """Keep the first `sink` and last `window` positions of a one-row state, in place.
 
@@ -85,19 +68,7 @@ def compress_cache(lm: CausalLM, state: State, *, sink: int, window: int) -> int
     dropped = state.seq_len - sink - window
     if dropped <= 0:
         return 0
-    if hasattr(lm, "evict"):  # the engine shifts its own cache (llama.cpp)
-        lm.evict(state, sink, sink + dropped)
-        return dropped
-    with torch.inference_mode():
-        for layer in state.cache.layers:
-            keys, values = layer.keys, layer.values  # [1, kv_heads, seq, head_dim]
-            recent = rotate_keys(lm, keys[..., sink + dropped :, :], -dropped)
-            layer.keys = torch.cat([keys[..., :sink, :], recent], dim=-2)
-            layer.values = torch.cat(
-                [values[..., :sink, :], values[..., sink + dropped :, :]], dim=-2
-            )
-    state.ids = torch.cat([state.ids[:, :sink], state.ids[:, sink + dropped :]], dim=1)
-    state.recent_logits = None
+    lm.evict(state, sink, sink + dropped)  # the engine drops, shifts and re-rotates its keys
     return dropped
 
 

@@ -104,6 +104,15 @@ class State:
             self.recent_logits = None
         self.ids = self.ids[:, :seq_len]
 
+    def evict_bookkeeping(self, start: int, end: int) -> None:
+        """The backend-independent half of `evict`: check the span, cut it out of `ids`."""
+        if self.batch != 1 or self.pads[0] != 0:
+            raise TandemError("evict works on one unpadded row")
+        if not 0 <= start < end <= self.seq_len:
+            raise ValueError(f"evict [{start}, {end}) outside 0..{self.seq_len}")
+        self.ids = torch.cat([self.ids[:, :start], self.ids[:, end:]], dim=1)
+        self.recent_logits = None
+
 
 @runtime_checkable
 class Tokenizer(Protocol):
@@ -172,6 +181,11 @@ class CausalLM(Protocol):
 
     def load_state(self, path: Path) -> State:
         """Read a state written by `save_state` of a model with the same fingerprint."""
+        ...
+
+    def evict(self, state: State, start: int, end: int) -> None:
+        """Drop positions [start, end) of a one-row unpadded state; later positions shift down
+        by end - start (StreamingLLM's cache)."""
         ...
 
 

@@ -148,6 +148,31 @@ class HFCausalLM:
         if num_tokens:
             self.crop(state, state.seq_len - num_tokens)
 
+    def evict(self, state: State, start: int, end: int) -> None:
+        """Drop positions [start, end) of a one-row unpadded state and shift the later ones
+        down (StreamingLLM): their keys are re-rotated from position p to p - (end - start)."""
+        state.evict_bookkeeping(start, end)
+        with torch.inference_mode():
+            for layer in state.cache.layers:
+                keys, values = layer.keys, layer.values  # [1, kv_heads, seq, head_dim]
+                layer.keys = torch.cat(
+                    [keys[..., :start, :], self._rotate_keys(keys[..., end:, :], start - end)],
+                    dim=-2,
+                )
+                layer.values = torch.cat([values[..., :start, :], values[..., end:, :]], dim=-2)
+
+    def _rotate_keys(self, keys: torch.Tensor, delta: int) -> torch.Tensor:
+        """Keys [batch, heads, seq, head_dim] that were rotated for position p -> for p + delta."""
+        from transformers.models.qwen2.modeling_qwen2 import rotate_half
+
+        rotary = getattr(getattr(self.model, "model", None), "rotary_emb", None)
+        if rotary is None or float(getattr(rotary, "attention_scaling", 1.0)) != 1.0:
+            raise TandemError(f"evicting positions needs a plain-RoPE model ({self.name})")
+        positions = torch.full((1, keys.shape[-2]), delta, dtype=torch.long)
+        cos, sin = rotary(keys, positions)  # [1, seq, head_dim] each
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        return keys * cos + rotate_half(keys) * sin
+
     def score(self, ids: list[int]) -> torch.Tensor:  # [len(ids), vocab]
         with self._lock, torch.inference_mode():
             tokens = torch.tensor([as_rows(ids)[0]], dtype=torch.long)

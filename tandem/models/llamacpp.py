@@ -339,17 +339,12 @@ class LlamaCppLM:
     def evict(self, state: State, start: int, end: int) -> None:
         """Drop positions [start, end) of a one-row unpadded state and shift the later ones
         down (StreamingLLM); llama.cpp re-rotates the shifted keys at the next decode."""
-        if state.batch != 1 or state.pads[0] != 0:
-            raise TandemError("evict works on one unpadded row")
-        if not 0 <= start < end <= state.seq_len:
-            raise ValueError(f"evict [{start}, {end}) outside 0..{state.seq_len}")
+        state.evict_bookkeeping(start, end)
         seq = state.cache.seqs[0]
         with self._lock:
             if not self._lib.llama_memory_seq_rm(self._mem, seq, start, end):
                 raise TandemError(f"{self.name}: cannot evict [{start}, {end})")
             self._lib.llama_memory_seq_add(self._mem, seq, end, -1, start - end)
-        state.ids = torch.cat([state.ids[:, :start], state.ids[:, end:]], dim=1)
-        state.recent_logits = None
 
     def score(self, ids: list[int]) -> torch.Tensor:  # [len(ids), vocab]
         row = as_rows(ids)[0]
