@@ -21,7 +21,6 @@ from __future__ import annotations
 import inspect
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -31,7 +30,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from tandem.bench.report import new_figure, save_json, save_png
+from tandem.bench.report import median_seconds, new_figure, save_json, save_png
 
 VERIFY_K = tuple(range(1, 9))
 ROWS = tuple(range(1, 5))
@@ -56,14 +55,8 @@ def _rss_mb() -> float:
     return float("nan")
 
 
-def _median_ms(fn, repeats: int) -> float:
-    times = []
-    for rep in range(repeats + 1):  # rep 0 is the warm-up, discarded
-        t0 = time.perf_counter()
-        fn()
-        if rep:
-            times.append(time.perf_counter() - t0)
-    return 1000 * statistics.median(times)
+def _ms(call, repeats: int) -> float:
+    return 1000 * median_seconds(call, repeats)  # one discarded warm-up first
 
 
 def profile_model(lm, contexts: list[int], decode_tokens: int, repeats: int, probe: int) -> dict:
@@ -72,7 +65,7 @@ def profile_model(lm, contexts: list[int], decode_tokens: int, repeats: int, pro
     points = []
     for length in contexts:
         ids = base[:length]
-        prefill_ms = _median_ms(lambda ids=ids: lm.prefill(ids), repeats)
+        prefill_ms = _ms(lambda ids=ids: lm.prefill(ids), repeats)
         state = lm.prefill(ids)
 
         def steps(state=state, length=length):
@@ -80,7 +73,7 @@ def profile_model(lm, contexts: list[int], decode_tokens: int, repeats: int, pro
                 lm.decode(state, [base[length + i]])
             lm.rollback(state, decode_tokens)
 
-        decode_ms = _median_ms(steps, repeats) / decode_tokens
+        decode_ms = _ms(steps, repeats) / decode_tokens
         points.append({"context": length, "prefill_ms": prefill_ms, "decode_ms": decode_ms})
         del state
     state = lm.prefill(base[:probe])
@@ -89,7 +82,7 @@ def profile_model(lm, contexts: list[int], decode_tokens: int, repeats: int, pro
         lm.decode(state, [base[probe : probe + k]])
         lm.rollback(state, k)
 
-    verify = {k: _median_ms(lambda k=k: block(k), repeats) for k in VERIFY_K}
+    verify = {k: _ms(lambda k=k: block(k), repeats) for k in VERIFY_K}
     state = lm.prefill(base[:probe])  # with its logits (a rollback past them drops them)
     rows = {}
     for n in ROWS:
@@ -99,7 +92,7 @@ def profile_model(lm, contexts: list[int], decode_tokens: int, repeats: int, pro
             lm.decode(stacked, [[base[probe]]] * n)
             lm.rollback(stacked, 1)
 
-        rows[n] = _median_ms(step, repeats)
+        rows[n] = _ms(step, repeats)
         del stacked
     ctx = np.array([p["context"] for p in points], dtype=float)
     dec = np.array([p["decode_ms"] for p in points])
@@ -133,7 +126,7 @@ def raw_decode(path: Path, tokenizer, contexts, decode_tokens, repeats, threads)
                 llm.eval([base[length + i]])
             llm.n_tokens -= decode_tokens  # eval() drops the KV past n_tokens first
 
-        out[length] = _median_ms(steps, repeats) / decode_tokens
+        out[length] = _ms(steps, repeats) / decode_tokens
     return out
 
 

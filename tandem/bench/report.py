@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import os
 import platform
+import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,18 @@ def environment() -> dict[str, Any]:
         "torch_threads": torch.get_num_threads(),
         "python": platform.python_version(),
     }
+
+
+def median_seconds(call: Callable[[], object], repeats: int, warmup: int = 1) -> float:
+    """Median wall time of `repeats` calls after `warmup` discarded ones."""
+    for _ in range(warmup):
+        call()
+    times = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - began)
+    return statistics.median(times)
 
 
 def save_json(out: Path, name: str, payload: dict[str, Any]) -> Path:

@@ -19,28 +19,16 @@ import json
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from tandem.bench.report import new_figure, save_json, save_png
+from tandem.bench.report import median_seconds, new_figure, save_json, save_png
 
 NOTES = Path(__file__).resolve().parents[2] / "examples" / "private-notes"
 TOKENIZER = "qwen2.5-coder-0.5b"
-
-
-def median_seconds(call: Callable[[], object], repeats: int, warmup: int = 1) -> float:
-    for _ in range(warmup):
-        call()
-    times = []
-    for _ in range(repeats):
-        began = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - began)
-    return statistics.median(times)
 
 
 def recall_at(approx_rows: np.ndarray, exact_rows: np.ndarray, k: int = 10) -> float:
