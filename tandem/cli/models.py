@@ -14,12 +14,12 @@ def list_models() -> None:
     """Named models, whether their packages are installed and whether they are prepared."""
     from tandem.errors import TandemError
     from tandem.models.registry import (
+        BACKENDS,
         REGISTRY,
         TINY_MODELS,
-        gguf_dir,
+        engine_dir,
         is_prepared,
         part_paths,
-        prepared_dir,
     )
 
     table = Table("name", "source", "installed", "prepared", "description")
@@ -30,8 +30,8 @@ def list_models() -> None:
         except TandemError:
             installed = "no (pip install 'tandem[models]')"
         ready = [
-            f"{backend}: {folder(name)}"
-            for backend, folder in (("llamacpp", gguf_dir), ("hf", prepared_dir))
+            f"{backend}: {engine_dir(name, backend)}"
+            for backend in BACKENDS
             if is_prepared(name, backend)
         ]
         prepared = "\n".join(ready) or "no"

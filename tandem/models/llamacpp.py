@@ -92,8 +92,6 @@ _STRLEN = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").strlen
 def default_threads() -> int:
     """Engine threads: the cores this process owns (its affinity set), or fewer when torch was
     told to use fewer (`--threads`, `tandem.testbed.cpus.pin`): one thread knob for both engines."""
-    import torch
-
     return max(1, min(torch.get_num_threads(), len(os.sched_getaffinity(0))))
 
 
@@ -142,7 +140,7 @@ class LlamaCppLM:
         cparams.kv_unified = True
         cparams.no_perf = True
         cparams.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_DISABLED
-        types = {"f16": lib.GGML_TYPE_F16, "q8_0": lib.GGML_TYPE_Q8_0, "f32": lib.GGML_TYPE_F32}
+        types = {"f16": lib.GGML_TYPE_F16, "q8_0": lib.GGML_TYPE_Q8_0}
         if kv_type not in types:
             raise TandemError(f"kv_type must be one of {', '.join(types)}, not {kv_type!r}")
         if kv_type != "f16":  # a quantized V cache needs flash attention in llama.cpp

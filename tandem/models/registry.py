@@ -110,9 +110,13 @@ def gguf_dir(name: str) -> Path:
     return tandem_home() / "gguf" / name
 
 
+def engine_dir(name: str, backend: str) -> Path:
+    """Where `backend` loads packaged model `name` from."""
+    return gguf_dir(name) if backend == "llamacpp" else prepared_dir(name)
+
+
 def is_prepared(name: str, backend: str = "hf") -> bool:
-    folder = gguf_dir(name) if backend == "llamacpp" else prepared_dir(name)
-    return (folder / "DONE").exists()
+    return (engine_dir(name, backend) / "DONE").exists()
 
 
 def part_paths(spec: ModelSpec) -> list[Path]:
@@ -197,13 +201,11 @@ def _once(final: Path, spec: ModelSpec, build) -> Path:
 
 def _write_gguf_dir(spec: ModelSpec, out: Path, progress: bool) -> None:
     """Assemble + verify the GGUF into `out` and save the tokenizer it carries beside it."""
-    from transformers import AutoTokenizer
-    from transformers.utils import logging as hf_logging
+    from tandem.models.tokenizer import HFTokenizer
 
-    hf_logging.set_verbosity_error()
     out.mkdir(parents=True)
     gguf = assemble_gguf(spec, out / "model.gguf", progress=progress)
-    AutoTokenizer.from_pretrained(out, gguf_file=gguf.name).save_pretrained(out / "tokenizer")
+    HFTokenizer.from_gguf(gguf).hf.save_pretrained(out / "tokenizer")
 
 
 def _convert(gguf: Path, out: Path, progress: bool) -> None:
