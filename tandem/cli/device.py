@@ -176,19 +176,29 @@ def serve(
     delay: float = typer.Option(None, "--delay", help="Emulated one-way delay (ms) upstream."),
     threads: int = typer.Option(None, "--threads", help="torch intra-op threads [1]."),
     log_format: str = typer.Option(None, "--log-format", help="text or json [text]."),
+    api_key: str = typer.Option(
+        None,
+        "--api-key",
+        envvar="TANDEM_API_KEY",
+        show_envvar=False,
+        help="Clients must send `Authorization: Bearer KEY` [$TANDEM_API_KEY; needed to listen "
+        "beyond loopback].",
+    ),
 ) -> None:
     """Serve the OpenAI API (/v1/completions, /v1/chat/completions) on the device; the secret
     comes from $TANDEM_SECRET."""
     flags = dict(locals())  # first: only the parameters
     flags.pop("config")
+    api_key = flags.pop("api_key") or None
     import torch
 
     from tandem.models.registry import load_model
-    from tandem.serve.api.server import build_backend, serve_forever
+    from tandem.serve.api.server import build_backend, check_exposure, serve_forever
     from tandem.serve.settings import device_settings
 
     flags["codec_params"] = parse_params(flags.pop("codec_param"))
     settings = device_settings(config, flags)
+    check_exposure(settings.listen, api_key)  # before loading the model
     torch.set_num_threads(settings.threads)
     lm = load_model(settings.model, backend=settings.backend)
     backend = build_backend(settings, lm)
@@ -200,4 +210,4 @@ def serve(
         )
         sys.stdout.flush()
 
-    serve_forever(settings, backend, on_ready=ready)
+    serve_forever(settings, backend, api_key=api_key, on_ready=ready)

@@ -6,7 +6,8 @@ Words used here:
 - *key path*: where a bad value sits, dotted (`cloud.max_sessions`); every error names the
   file and the key path on one line, e.g. `tandem.toml: cloud.max_sesions: unknown key`.
 
-The shared secret is never stored in a file: it comes from `$TANDEM_SECRET` only.
+The shared secret is never stored in a file: it comes from `$TANDEM_SECRET` only; nor is the
+device API's key (`--api-key` or `$TANDEM_API_KEY`).
 
     [device]                      # tandem.toml
     cloud = "127.0.0.1:7700"
@@ -145,6 +146,13 @@ def _parse(path: Path) -> object:
     raise TandemError(f"{path}: unknown config format; use .toml, .yaml or .yml")
 
 
+_NOT_IN_FILES = (  # (section, key, the variable to set instead)
+    ("device", "secret", "TANDEM_SECRET"),
+    ("cloud", "secret", "TANDEM_SECRET"),
+    ("device", "api_key", "TANDEM_API_KEY"),
+)
+
+
 def load_settings(path: str | Path) -> TandemSettings:
     """Read and validate a config file; one-line TandemErrors name the file and the key."""
     path = Path(path)
@@ -153,11 +161,9 @@ def load_settings(path: str | Path) -> TandemSettings:
     data = _parse(path)
     if not isinstance(data, dict):
         raise TandemError(f"{path}: the file must hold a table with [device] and/or [cloud]")
-    for section in ("device", "cloud"):
-        if isinstance(data.get(section), dict) and "secret" in data[section]:
-            raise TandemError(
-                f"{path}: {section}.secret: not allowed in a file; set $TANDEM_SECRET instead"
-            )
+    for section, key, env in _NOT_IN_FILES:
+        if isinstance(data.get(section), dict) and key in data[section]:
+            raise TandemError(f"{path}: {section}.{key}: not allowed in a file; set ${env} instead")
     try:
         return TandemSettings.model_validate(data)
     except ValidationError as exc:

@@ -8,17 +8,23 @@ Words used here:
 
 Every error a client can cause is a 4xx with OpenAI's error body naming the problem; a
 generation that fails is a 500 with a one-line message (the traceback goes to the log only).
+
+*API key*: when the app has one, the `/v1/...` routes need `Authorization: Bearer KEY`
+(compared in constant time); without it or with another key they answer 401
+`invalid_api_key`. `/health` and `/metrics` stay open (probes and scrapers; they reveal no
+text).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import secrets
 import time
 from dataclasses import dataclass
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -141,10 +147,31 @@ def job_of(kind: str, request, engine: Engine, limits: ApiLimits) -> Job:
     return Job(prompt_ids=ids, params=params, stops=request.stops())
 
 
-def create_app(engine: Engine, limits: ApiLimits, *, cloud: str | None = None) -> FastAPI:
+def check_api_key(authorization: str | None, api_key: str) -> None:
+    """A 401 unless the `Authorization` header is `Bearer <api_key>` (constant-time compare)."""
+    scheme, _, given = (authorization or "").strip().partition(" ")
+    if scheme.lower() != "bearer" or not given.strip():
+        raise ApiError(
+            401, "missing API key: send the header `Authorization: Bearer KEY`",
+            code="invalid_api_key",
+        )  # fmt: skip
+    if not hmac.compare_digest(given.strip().encode(), api_key.encode()):
+        raise ApiError(401, "invalid API key", code="invalid_api_key")
+
+
+def create_app(
+    engine: Engine, limits: ApiLimits, *, cloud: str | None = None, api_key: str | None = None
+) -> FastAPI:
+    """The app; with `api_key`, the `/v1/...` routes need `Authorization: Bearer <api_key>`."""
     app = FastAPI(title="tandem device", docs_url=None, redoc_url=None)
     app.state.engine, app.state.limits = engine, limits
     served = limits.model_names[0]
+
+    async def authorized(request: Request) -> None:
+        if api_key:
+            check_api_key(request.headers.get("authorization"), api_key)
+
+    keyed = [Depends(authorized)]
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError):
@@ -152,7 +179,8 @@ def create_app(engine: Engine, limits: ApiLimits, *, cloud: str | None = None) -
             endpoint=request.url.path, status=exc.status, reason=exc.code or "invalid_request",
             message=exc.message,
         )  # fmt: skip
-        return JSONResponse(exc.body(), status_code=exc.status)
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+        return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
@@ -235,15 +263,15 @@ def create_app(engine: Engine, limits: ApiLimits, *, cloud: str | None = None) -
                 engine.log(id=job.id, endpoint=endpoint, mode=engine.mode, status=499,
                            error="the client closed the stream")  # fmt: skip
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", dependencies=keyed)
     async def completions(request: Request):
         return await complete("completion", request)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", dependencies=keyed)
     async def chat_completions(request: Request):
         return await complete("chat", request)
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", dependencies=keyed)
     async def models():
         return {
             "object": "list",

@@ -5,10 +5,13 @@ Words used here:
 - *listen*: HOST:PORT of the HTTP API (port 0: any free port; read `ServerThread.port`).
 - *cloud*: HOST:PORT of the cloud's tandem transport (`tandem cloud serve`).
 - The shared secret comes from `$TANDEM_SECRET` (or the `secret` argument), never a file.
+- *API key*: what HTTP clients must send as `Authorization: Bearer KEY` (`--api-key` or
+  `$TANDEM_API_KEY`, never a file); serving on a non-loopback address without one is refused.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import sys
@@ -27,6 +30,28 @@ def split_hostport(value: str, what: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise TandemError(f"{what}: expected HOST:PORT, got {value!r}")
     return host, int(port)
+
+
+def is_loopback(host: str) -> bool:
+    """True for localhost, 127.0.0.0/8 and ::1 (a host name other than localhost: False)."""
+    host = host.strip("[]")
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_exposure(listen: str, api_key: str | None) -> None:
+    """Refuse to serve on a non-loopback address without an API key."""
+    host, _ = split_hostport(listen, "--listen")
+    if not api_key and not is_loopback(host):
+        raise TandemError(
+            f"--listen {listen} is reachable from other machines and no API key is set: pass "
+            "--api-key KEY or set $TANDEM_API_KEY (clients send `Authorization: Bearer KEY`), "
+            "or listen on 127.0.0.1"
+        )
 
 
 def device_transport_for(lm, settings: DeviceServeSettings, secret):
@@ -80,8 +105,9 @@ def build_backend(settings: DeviceServeSettings, lm, *, secret=None) -> Backend:
     return RapidBackend(lm, host=host, port=port, transport=transport)
 
 
-def build_app(settings: DeviceServeSettings, backend: Backend):
-    """The FastAPI app (and its engine) serving `backend` under the settings' limits."""
+def build_app(settings: DeviceServeSettings, backend: Backend, *, api_key: str | None = None):
+    """The FastAPI app (and its engine) serving `backend` under the settings' limits; with
+    `api_key`, clients must send it as a bearer token."""
     names = tuple(dict.fromkeys(n for n in (settings.served_model_name, settings.model) if n))
     limits = ApiLimits(
         model_names=names,
@@ -90,7 +116,8 @@ def build_app(settings: DeviceServeSettings, backend: Backend):
         default_max_tokens=settings.default_max_tokens,
     )
     engine = Engine(backend, log_format=settings.log_format)
-    return create_app(engine, limits, cloud=None if settings.mode == "local" else settings.cloud)
+    cloud = None if settings.mode == "local" else settings.cloud
+    return create_app(engine, limits, cloud=cloud, api_key=api_key)
 
 
 def setup_logging(log_format: str) -> None:
@@ -112,10 +139,14 @@ def _uvicorn_server(app, host: str, port: int):
     return uvicorn.Server(config)
 
 
-def serve_forever(settings: DeviceServeSettings, backend: Backend, *, on_ready=None) -> None:
-    """Serve until interrupted (uvicorn handles SIGINT / SIGTERM)."""
+def serve_forever(
+    settings: DeviceServeSettings, backend: Backend, *, api_key: str | None = None, on_ready=None
+) -> None:
+    """Serve until interrupted (uvicorn handles SIGINT / SIGTERM); a non-loopback `listen`
+    needs an `api_key`."""
+    check_exposure(settings.listen, api_key)
     host, port = split_hostport(settings.listen, "--listen")
-    app = build_app(settings, backend)
+    app = build_app(settings, backend, api_key=api_key)
     setup_logging(settings.log_format)
     server = _uvicorn_server(app, host, port)
     if on_ready is not None:
