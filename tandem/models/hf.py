@@ -50,17 +50,22 @@ class HFCausalLM:
 
     @classmethod
     def from_dir(cls, directory: Path, *, name: str, dtype: torch.dtype = torch.float32):
+        from safetensors import SafetensorError
         from transformers import AutoModelForCausalLM
         from transformers.utils import logging as hf_logging
 
+        from tandem.models.integrity import folder_problem
         from tandem.models.tokenizer import HFTokenizer
 
+        problem = folder_problem(directory)
+        if problem is not None:
+            raise TandemError(f"{directory}/{problem}; this model folder is damaged: copy it again")
         hf_logging.set_verbosity_error()
         hf_logging.disable_progress_bar()
         try:
             model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype)
             tokenizer = HFTokenizer.from_dir(directory)
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, SafetensorError) as exc:
             raise TandemError(f"cannot load model from {directory}: {exc}".splitlines()[0]) from exc
         return cls(model, tokenizer, name=name)
 

@@ -12,6 +12,9 @@ Words used here:
   safetensors weights, tokenizer) dequantized once from the GGUF, atomically (hf backend).
 - *tiny model*: a 2-layer random Qwen2 built from a config with a fixed seed, with a byte-level
   toy tokenizer; for unit tests only.
+- *DONE*: the file that marks a GGUF or prepared dir complete: the GGUF's sha256, then the size
+  of every file of the dir. A dir whose files no longer match (truncated, deleted) is *damaged*:
+  it is rebuilt on its next use, with a warning naming it; other dirs are left alone.
 
 `load_model(name_or_path)` accepts a registry name, a tiny model name, a local `.gguf` file or a
 local transformers directory (a user's own weights).
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import logging
 import os
 import shutil
 import tempfile
@@ -29,11 +33,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tandem.errors import TandemError
+from tandem.models.integrity import folder_problem, gguf_problem, size_list, sizes_problem
 
 if TYPE_CHECKING:
     from tandem.models.base import CausalLM, Tokenizer
 
 BACKENDS = ("llamacpp", "hf")
+log = logging.getLogger("tandem.models")
 
 
 def default_backend() -> str:
@@ -168,29 +174,63 @@ def prepare(name: str, progress: bool = True, backend: str = "hf") -> Path:
     (dequantized safetensors, made from the GGUF dir)."""
     spec = _spec(name)
     if backend == "llamacpp":
-        return _once(gguf_dir(name), spec, lambda work: _write_gguf_dir(spec, work, progress))
+        return _once(
+            gguf_dir(name), spec, backend, lambda work: _write_gguf_dir(spec, work, progress)
+        )
 
     def convert(work: Path) -> None:
         _convert(prepare(name, progress, backend="llamacpp") / "model.gguf", work, progress)
 
-    return _once(prepared_dir(name), spec, convert)
+    return _once(prepared_dir(name), spec, backend, convert)
 
 
-def _once(final: Path, spec: ModelSpec, build) -> Path:
-    """Run `build(work_dir)` once and move its result to `final` atomically, under a lock."""
+def entry_damage(folder: Path, spec: ModelSpec, backend: str) -> str | None:
+    """Why a GGUF or prepared dir marked DONE cannot be used as it is, or None."""
+    try:
+        first, *rest = (folder / "DONE").read_text().splitlines() or [""]
+        sizes = {name: int(size) for size, _, name in (line.partition(" ") for line in rest)}
+    except (OSError, ValueError) as exc:
+        return f"unreadable DONE file ({exc})"
+    if first.strip() != spec.sha256:
+        return "made from another version of the model"
+    if sizes:
+        return sizes_problem(folder, sizes)
+    if backend == "hf":  # a dir made before DONE held sizes: check the weights
+        return folder_problem(folder)
+    gguf = folder / "model.gguf"
+    if not gguf.is_file():
+        return "model.gguf: missing"
+    if gguf.stat().st_size != spec.size:
+        return f"model.gguf: {gguf.stat().st_size} bytes, expected {spec.size}"
+    return None
+
+
+def _ready(final: Path, spec: ModelSpec, backend: str, *, warn: bool) -> bool:
+    if not (final / "DONE").exists():
+        return False
+    damage = entry_damage(final, spec, backend)
+    if damage is not None and warn:
+        log.warning("%s is damaged (%s); rebuilding it", final, damage)
+    return damage is None
+
+
+def _once(final: Path, spec: ModelSpec, backend: str, build) -> Path:
+    """Run `build(work_dir)` once and move its result to `final` atomically, under a lock; a
+    damaged `final` is built again."""
     import fcntl
 
-    if (final / "DONE").exists():
+    if _ready(final, spec, backend, warn=True):
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
     with open(final.parent / f".{final.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be preparing the same model
-        if (final / "DONE").exists():
+        if _ready(final, spec, backend, warn=False):
             return final
         work = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
         try:
             build(work / "out")
-            (work / "out" / "DONE").write_text(spec.sha256 + "\n")
+            sizes = "".join(f"{n} {name}\n" for name, n in size_list(work / "out").items())
+            (work / "out" / "DONE").write_text(spec.sha256 + "\n" + sizes)
             if final.exists():
                 shutil.rmtree(final)
             os.replace(work / "out", final)
@@ -304,9 +344,12 @@ def _load_gguf(path: Path, *, name: str, tokenizer_dir: Path | None = None, **kw
 
     if not path.is_file():
         raise TandemError(f"GGUF file not found: {path}")
-    if tokenizer_dir is not None:
+    if tokenizer_dir is not None:  # a registry GGUF dir: checked by prepare()
         tokenizer = HFTokenizer.from_dir(tokenizer_dir)
     else:
+        problem = gguf_problem(path)
+        if problem is not None:
+            raise TandemError(f"{path}: {problem}; this GGUF file is damaged: download it again")
         tokenizer = HFTokenizer.from_gguf(path)
     return LlamaCppLM(path, tokenizer, name=name, **kw)
 

@@ -5,7 +5,8 @@ Words used here:
   under the same number, so a search hit's id is a row here.
 - *meta*: a document's metadata, stored as JSON text (never pickled).
 - *unreadable*: a file SQLite rejects (not a database, truncated, no `chunks` table); every
-  read turns that into a one-line `TandemError` naming the file.
+  read turns that into a one-line `TandemError` naming the file and ending with a *hint*, what
+  to run to rebuild the index (`open_index` gives the exact `tandem index build` command).
 """
 
 from __future__ import annotations
@@ -81,21 +82,23 @@ def _chunk(record: tuple) -> Chunk:
     )
 
 
-def unreadable(path: Path, reason: str) -> TandemError:
-    """The one-line error for an index file that cannot be read."""
+REBUILD_HINT = "rebuild it with tandem index build"
+
+
+def unreadable(path: Path, reason: str | None, hint: str = REBUILD_HINT) -> TandemError:
+    """The one-line error for an index file that cannot be read (reason None: missing)."""
     path = Path(path)
-    return TandemError(
-        f"{path.parent}: {path.name} is unreadable ({reason}); rebuild it with tandem index build"
-    )
+    state = "is missing" if reason is None else f"is unreadable ({reason})"
+    return TandemError(f"{path.parent}: {path.name} {state}; {hint}")
 
 
 class DocStore:
     """Read access to a docstore file (read-only connection); checked when opened."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, *, hint: str = REBUILD_HINT):
         if not Path(path).is_file():
-            raise TandemError(f"index docstore missing: {path}")
-        self.path = Path(path)
+            raise unreadable(path, None, hint)
+        self.path, self.hint = Path(path), hint
         self.connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
         try:
             len(self)  # SQLite reads the file lazily: fail here, not at the first search
@@ -107,7 +110,8 @@ class DocStore:
         try:
             return self.connection.execute(sql, params).fetchall()
         except sqlite3.DatabaseError as exc:  # also OperationalError (e.g. no such table)
-            raise unreadable(self.path, str(exc).splitlines()[0] if str(exc) else "") from exc
+            reason = str(exc).splitlines()[0] if str(exc) else ""
+            raise unreadable(self.path, reason, self.hint) from exc
 
     def __len__(self) -> int:
         ((count,),) = self._rows("SELECT COUNT(*) FROM chunks")
@@ -126,7 +130,7 @@ class DocStore:
         }
         missing = [r for r in rows if r not in found]
         if missing:
-            raise TandemError(f"index is corrupt: docstore lacks rows {missing[:5]}")
+            raise unreadable(self.path, f"it lacks rows {missing[:5]}", self.hint)
         return [found[r] for r in rows]
 
     def all(self) -> list[Chunk]:

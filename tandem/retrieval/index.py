@@ -16,9 +16,10 @@ Words used here:
 - *compatible*: an index is only searched or extended with the embedder and tokenizer it was
   built with; anything else is refused with a one-line `TandemError`. `build` into an index
   of another embedder or tokenizer is refused too, unless asked to `replace` it.
-- *unreadable*: a truncated or corrupt `index.faiss` or `docstore.sqlite` is a one-line
-  `TandemError` naming the file (never a faiss/SQLite traceback); `build` over such an index
-  of the same embedder and tokenizer simply rebuilds it (nothing to reuse).
+- *unreadable*: a truncated, corrupt or missing `index.faiss` or `docstore.sqlite` is a
+  one-line `TandemError` naming the file and giving the exact `tandem index build` command that
+  makes the index again (never a faiss/SQLite traceback); `build` over such an index of the
+  same embedder and tokenizer simply rebuilds it (nothing to reuse).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import tempfile
 import time
@@ -39,7 +41,7 @@ from tandem.errors import TandemError
 from tandem.models.base import Tokenizer
 from tandem.retrieval.chunking import Chunk, ChunkParams, TokenCounter, chunk_document
 from tandem.retrieval.corpus import SkipHandler, log_skip, read_sources
-from tandem.retrieval.docstore import DocStore, unreadable, write_docstore
+from tandem.retrieval.docstore import REBUILD_HINT, DocStore, unreadable, write_docstore
 from tandem.retrieval.embedder import Embedder, load_embedder
 from tandem.retrieval.search import Retriever, index_vectors, make_faiss_index
 
@@ -89,8 +91,24 @@ def read_manifest(path: Path) -> Manifest:
             raise TandemError(f"'{path}': index format {data.get('format')!r}, expected {FORMAT}")
         data["sources"] = tuple(data.get("sources", ()))
         return Manifest(**data)
-    except (json.JSONDecodeError, TypeError) as exc:
-        raise TandemError(f"'{path}': unreadable {MANIFEST} ({exc})") from exc
+    except (json.JSONDecodeError, TypeError, AttributeError, UnicodeDecodeError) as exc:
+        raise TandemError(
+            f"'{path}': unreadable {MANIFEST} ({exc}); rebuild it: tandem index build SOURCES "
+            f"--out {shlex.quote(str(path))} --replace"
+        ) from exc
+
+
+def rebuild_command(path: Path, manifest: Manifest) -> str:
+    """The `tandem index build` command line that makes the index at `path` again (its
+    sources as they were given when it was built)."""
+    args = ["tandem", "index", "build", *(manifest.sources or ["SOURCES"]), "--out", str(path)]
+    args += ["--tokenizer", manifest.tokenizer, "--embedder", manifest.embedder]
+    args += ["--chunk-tokens", str(manifest.chunk_tokens)]
+    if manifest.overlap:
+        args += ["--overlap", str(manifest.overlap)]
+    if manifest.index_kind != "flat":
+        args += ["--index", manifest.index_kind]
+    return shlex.join(args)
 
 
 def check_compatible(
@@ -221,10 +239,17 @@ def _collect(
     on_skip: SkipHandler,
 ) -> tuple[list[Chunk], int]:
     """(chunks of all documents of all sources, number of documents)."""
-    docs = read_sources(sources, on_skip)
+    skipped: list[str] = []
+
+    def skip(where: str, reason: str) -> None:
+        skipped.append(where)
+        on_skip(where, reason)
+
+    docs = read_sources(sources, skip)
     if not docs:
+        why = f" ({len(skipped)} skipped: unreadable, binary or not UTF-8)" if skipped else ""
         raise TandemError(
-            f"no text documents found in {', '.join(map(str, sources))}: nothing to index"
+            f"no text documents found in {', '.join(map(str, sources))}{why}: nothing to index"
         )
     count = TokenCounter(tokenizer)
     task = progress.add_task("chunking", total=len(docs))
@@ -357,14 +382,40 @@ def faiss_reason(message: str) -> str:
     return re.sub(r"^Error: '.*?' failed: ", "", tail) or "faiss could not read it"
 
 
-def read_faiss(file: Path) -> Any:
-    """faiss.read_index, with a one-line `TandemError` for a truncated or corrupt file."""
+def read_faiss(file: Path, hint: str = REBUILD_HINT) -> Any:
+    """faiss.read_index, with a one-line `TandemError` for a missing, truncated or corrupt file."""
     import faiss
 
+    if not Path(file).is_file():
+        raise unreadable(file, None, hint)
     try:
         return faiss.read_index(str(file))
     except RuntimeError as exc:
-        raise unreadable(file, faiss_reason(str(exc))) from exc
+        raise unreadable(file, faiss_reason(str(exc)), hint) from exc
+
+
+def _open_files(path: Path, manifest: Manifest) -> tuple[Any, DocStore]:
+    """(faiss index, docstore) of an index folder, checked against each other and the manifest."""
+    hint = f"rebuild it: {rebuild_command(path, manifest)}"
+    index = read_faiss(path / FAISS_FILE, hint)
+    if manifest.index_kind == "hnsw":
+        index.hnsw.efSearch = max(index.hnsw.efSearch, 64)
+    store = DocStore(path / DOCSTORE_FILE, hint=hint)
+    if not index.ntotal == len(store) == manifest.chunks:
+        store.close()
+        raise TandemError(
+            f"{path}: index is corrupt: {index.ntotal} vectors, {len(store)} chunks, manifest "
+            f"says {manifest.chunks}; {hint}"
+        )
+    return index, store
+
+
+def check_index(path: Path) -> Manifest:
+    """Read an index folder's three files and check they agree, without loading its embedder;
+    a one-line `TandemError` naming the file at fault if not."""
+    manifest = read_manifest(Path(path))
+    _open_files(Path(path), manifest)[1].close()
+    return manifest
 
 
 def open_index(
@@ -378,17 +429,7 @@ def open_index(
         embedder=embedder.name if embedder is not None else None,
         tokenizer=tokenizer.fingerprint if tokenizer is not None else None,
     )
-    if not (path / FAISS_FILE).is_file():
-        raise TandemError(f"index is corrupt: {path / FAISS_FILE} missing")
-    index = read_faiss(path / FAISS_FILE)
-    if manifest.index_kind == "hnsw":
-        index.hnsw.efSearch = max(index.hnsw.efSearch, 64)
-    store = DocStore(path / DOCSTORE_FILE)
-    if not index.ntotal == len(store) == manifest.chunks:
-        store.close()
-        raise TandemError(
-            f"index is corrupt: {index.ntotal} vectors, {len(store)} chunks, manifest says {manifest.chunks}"
-        )
+    index, store = _open_files(path, manifest)
     embedder = embedder or load_embedder(manifest.embedder)
     return Retriever(index=index, lookup=store, embedder=embedder, manifest=manifest)
 

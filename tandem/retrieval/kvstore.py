@@ -8,6 +8,8 @@ Words used here:
   models (or tokenizers) never mix; `load_state` also refuses a file made by another model.
 - *entry*: one safetensors file written by `lm.save_state` (ids, logits, per-layer keys and
   values), written atomically. Its size in bytes is what DRCG/KV would send over the network.
+  An entry that cannot be read (truncated, corrupt) is a cache miss: prefilled again, with a
+  warning naming the file; other entries are left alone.
 
 DRAGON's TTFT premise: loading an entry should be much cheaper than prefilling the document
 again; `tandem.bench.retrieval` measures both on the real model.
@@ -16,6 +18,7 @@ again; `tandem.bench.retrieval` measures both on the real model.
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -23,6 +26,8 @@ import numpy as np
 
 from tandem.errors import TandemError
 from tandem.models.base import CausalLM, State
+
+log = logging.getLogger("tandem.retrieval")
 
 
 def ids_key(ids: list[int]) -> str:
@@ -68,9 +73,14 @@ class DocKVStore:
         return state
 
     def get_or_prefill(self, ids: list[int]) -> tuple[State, bool]:
-        """(state, hit): loaded when stored, else prefilled and stored."""
+        """(state, hit): loaded when stored, else prefilled and stored; an unreadable entry
+        (truncated, corrupt) is prefilled and stored again, with a warning naming it."""
         if ids in self:
-            return self.load(ids), True
+            try:
+                return self.load(ids), True
+            except TandemError as exc:
+                log.warning("%s; prefilled it again", exc)
+                self.path(ids).unlink(missing_ok=True)
         state = self.lm.prefill([int(i) for i in ids])
         self.put(ids, state)
         return state, False

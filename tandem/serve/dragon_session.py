@@ -21,6 +21,7 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
 import signal
 import sys
 from dataclasses import dataclass
@@ -47,11 +48,12 @@ def set_threads(threads: int | None, role: str | None = None) -> None:
 
 
 def ensure_index(corpus: str, *, tokenizer, tokenizer_name: str, progress: bool = True) -> Path:
-    """An index folder for `corpus`, built into the cache on first use."""
+    """An index folder for `corpus`, built into the cache on first use (and again if the cached
+    one is damaged); files of a folder that cannot be read are skipped with a warning."""
     from tandem.models.registry import tandem_home
     from tandem.retrieval.chunking import ChunkParams
     from tandem.retrieval.embedder import load_embedder
-    from tandem.retrieval.index import MANIFEST, build_index
+    from tandem.retrieval.index import MANIFEST, build_index, check_index
 
     if corpus != "stdlib":
         path = Path(corpus).expanduser()
@@ -63,19 +65,32 @@ def ensure_index(corpus: str, *, tokenizer, tokenizer_name: str, progress: bool 
     tag = f"{corpus}:{CHUNK_TOKENS}:{tokenizer.fingerprint}:{EMBEDDER}"
     name = f"{Path(corpus).name}-{hashlib.sha256(tag.encode()).hexdigest()[:12]}"
     out = tandem_home() / "indexes" / name
-    if not (out / MANIFEST).is_file():
-        if progress:
-            print(f"indexing {corpus} into {out} (first run only)", file=sys.stderr)
-        build_index(
-            [corpus],
-            out,
-            tokenizer=tokenizer,
-            tokenizer_name=tokenizer_name,
-            embedder=load_embedder(EMBEDDER),
-            params=ChunkParams(chunk_tokens=CHUNK_TOKENS),
-            progress=progress,
-            on_skip=lambda *_: None,
-        )
+    if out.exists():
+        try:
+            check_index(out)
+            return out
+        except TandemError as exc:
+            damage = str(exc).split("; rebuild it")[0]
+            print(f"the cached index is damaged ({damage}); rebuilding it", file=sys.stderr)
+            shutil.rmtree(out, ignore_errors=True)
+    elif progress:
+        print(f"indexing {corpus} into {out} (first run only)", file=sys.stderr)
+
+    def warn(path: str, reason: str) -> None:
+        if corpus != "stdlib":  # the stdlib's own odd modules are not the user's business
+            print(f"skipped {path}: {reason}", file=sys.stderr)
+
+    build_index(
+        [corpus],
+        out,
+        tokenizer=tokenizer,
+        tokenizer_name=tokenizer_name,
+        embedder=load_embedder(EMBEDDER),
+        params=ChunkParams(chunk_tokens=CHUNK_TOKENS),
+        progress=progress,
+        on_skip=warn,
+        replace=True,  # the cache's own folder: its name holds the tokenizer and embedder
+    )
     return out
 
 

@@ -66,3 +66,39 @@ def test_bench_lists_dragon_figures_and_serve():
     for command in ("latency", "ttft", "perplexity", "scheduling"):
         assert command in out.stdout
     assert "serve" in tandem("bench", "--help").stdout
+
+
+def test_truncated_gguf_is_one_line_without_traceback(tmp_path):
+    import gguf
+    import numpy as np
+
+    path = tmp_path / "mine.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_tensor("w", np.ones((256, 64), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    path.write_bytes(path.read_bytes()[:20_000])
+    out = tandem("generate", "--model", str(path), "-n", "2")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.count("\n") == 1
+    assert out.stderr.startswith(f"error: {path}: truncated: 20000 of ")
+
+
+def test_models_list_shows_a_damaged_cache_dir(tmp_path):
+    import os
+
+    from tandem.models.registry import REGISTRY
+
+    folder = tmp_path / "gguf" / "qwen2.5-coder-0.5b"
+    (folder / "tokenizer").mkdir(parents=True)
+    (folder / "model.gguf").write_bytes(b"GGUF" + bytes(100))
+    (folder / "DONE").write_text(REGISTRY["qwen2.5-coder-0.5b"].sha256 + "\n")
+    out = subprocess.run(
+        [sys.executable, "-c", "from tandem.cli import main; main()", "models", "list"],
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "TANDEM_HOME": str(tmp_path), "COLUMNS": "250"},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "llamacpp: DAMAGED (model.gguf: 104 bytes, expected 491400064)" in out.stdout

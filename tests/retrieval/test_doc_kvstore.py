@@ -61,3 +61,30 @@ def test_other_model_or_missing_entry_is_refused(tmp_path, lm):
         other_store.load(ids)
     with pytest.raises(TandemError, match="empty"):
         store.put([])
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [lambda data: data[: len(data) // 2], lambda data: b"", lambda data: b"garbage" * 50],
+    ids=["half", "empty", "garbage"],
+)
+def test_a_damaged_entry_is_a_one_line_error_and_get_or_prefill_rebuilds_it(
+    tmp_path, lm, caplog, damage
+):
+    store = DocKVStore(tmp_path, lm)
+    ids, other = lm.tokenizer.encode(DOC), lm.tokenizer.encode("another document")
+    store.precompute([ids, other])
+    kept = store.path(other).read_bytes()
+    path = store.path(ids)
+    path.write_bytes(damage(path.read_bytes()))
+    with pytest.raises(TandemError) as caught:
+        store.load(ids)
+    message = str(caught.value)
+    assert message.startswith(f"{path}: unreadable KV file") and "\n" not in message
+    with caplog.at_level("WARNING", logger="tandem.retrieval"):
+        state, hit = store.get_or_prefill(ids)
+    assert not hit and state.row_ids(0) == ids
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert warning.startswith(f"{path}: unreadable KV file") and "prefilled it again" in warning
+    assert torch.allclose(store.load(ids).logits, lm.prefill(ids).logits, atol=1e-5, rtol=0)
+    assert store.path(other).read_bytes() == kept  # the good entry is left alone

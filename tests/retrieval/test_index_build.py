@@ -200,7 +200,7 @@ def test_out_folder_that_is_not_an_index_is_refused(tmp_path, notes, embedder):
 def test_corrupt_index_is_detected(tmp_path, notes, embedder):
     build([notes], tmp_path / "ix", embedder)
     (tmp_path / "ix" / DOCSTORE_FILE).unlink()
-    with pytest.raises(TandemError, match="docstore missing"):
+    with pytest.raises(TandemError, match=r"docstore\.sqlite is missing; rebuild it: tandem index"):
         open_index(tmp_path / "ix", embedder=embedder)
 
 
@@ -314,3 +314,53 @@ def test_hnsw_index_finds_what_flat_finds(tmp_path, notes, embedder):
         ]
     with pytest.raises(TandemError, match="unknown index kind"):
         build([notes], tmp_path / "x", embedder, kind="ivf")
+
+
+@pytest.mark.parametrize("name", [FAISS_FILE, DOCSTORE_FILE])
+def test_missing_file_names_it_and_gives_the_exact_rebuild_command(tmp_path, notes, embedder, name):
+    from tandem.retrieval.index import check_index
+
+    build([notes], tmp_path / "ix", embedder)
+    (tmp_path / "ix" / name).unlink()
+    command = (
+        f"tandem index build {notes} --out {tmp_path / 'ix'} --tokenizer tiny-qwen2 "
+        "--embedder hashing-128 --chunk-tokens 64 --overlap 8"
+    )
+    for attempt in (
+        lambda: open_index(tmp_path / "ix", embedder=embedder),
+        lambda: check_index(tmp_path / "ix"),
+    ):
+        with pytest.raises(TandemError) as caught:
+            attempt()
+        assert str(caught.value) == f"{tmp_path / 'ix'}: {name} is missing; rebuild it: {command}"
+
+
+def test_check_index_reads_the_files_without_an_embedder(tmp_path, notes, embedder):
+    from tandem.retrieval.index import check_index
+
+    report = build([notes], tmp_path / "ix", embedder)
+    assert check_index(tmp_path / "ix") == report.manifest
+    docstore = tmp_path / "ix" / DOCSTORE_FILE
+    docstore.write_bytes(docstore.read_bytes()[:100])
+    with pytest.raises(TandemError, match=r"docstore\.sqlite is unreadable \(.*rebuild it: tandem"):
+        check_index(tmp_path / "ix")
+
+
+@pytest.mark.parametrize(
+    "blob", [b"\xff\xfe\x00garbage", b"[1, 2]", b'{"format": "tandem-index-1"}']
+)
+def test_unreadable_manifest_is_one_line(tmp_path, notes, embedder, blob):
+    build([notes], tmp_path / "ix", embedder)
+    (tmp_path / "ix" / MANIFEST).write_bytes(blob)
+    with pytest.raises(TandemError, match="unreadable manifest.json .*--replace") as caught:
+        open_index(tmp_path / "ix", embedder=embedder)
+    assert "\n" not in str(caught.value)
+
+
+def test_a_corpus_of_only_unreadable_files_is_an_error_that_says_so(tmp_path, embedder):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "blob.bin").write_bytes(b"\x00\x01\x02")
+    (src / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
+    with pytest.raises(TandemError, match=r"\(2 skipped: unreadable, binary or not UTF-8\)"):
+        build([src], tmp_path / "ix", embedder)

@@ -113,3 +113,58 @@ def test_cli_prints_unreadable_index_faiss_as_one_line(tmp_path, notes):
         lines = run.stderr.strip().splitlines()
         assert len(lines) == 1 and "Traceback" not in run.stderr, run.stderr
         assert lines[0].startswith(f"error: {out}: index.faiss is unreadable (truncated")
+
+
+def test_damaged_index_names_the_file_and_its_rebuild_command_works(tmp_path, notes):
+    import shlex
+
+    out = tmp_path / "ix"
+    build = ["index", "build", str(notes), "--out", str(out), "--chunk-tokens", "32", *FAST]
+    assert runner.invoke(app, build).exit_code == 0
+    (out / "index.faiss").write_bytes(b"")
+    result = runner.invoke(app, ["index", "query", str(out), "flatline"])
+    message = str(result.exception)
+    assert isinstance(result.exception, TandemError) and "\n" not in message
+    assert message.startswith(f"{out}: index.faiss is unreadable (truncated")
+    command = shlex.split(message.split("; rebuild it: ", 1)[1])
+    assert command[:3] == ["tandem", "index", "build"] and "--chunk-tokens" in command
+    result = runner.invoke(app, command[1:])
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(app, ["index", "query", str(out), "flatline check suspect", "-k", "1"])
+    assert result.exit_code == 0 and "flatline" in result.output.lower()
+
+
+def test_unreadable_files_in_a_corpus_are_skipped_with_a_warning_naming_them(tmp_path, monkeypatch):
+    import os
+    from pathlib import Path
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "good.md").write_text("the moon tide table for June")
+    (src / "[draft] blob.bin").write_bytes(b"\x7fELF\x00\x00\x01")  # not rich markup
+    (src / "latin1.txt").write_bytes("caf\xe9 cr\xe8me".encode("latin-1"))
+    (src / "secret.md").write_text("locked away")
+    (src / "secret.md").chmod(0)
+    if os.geteuid() == 0:  # root reads mode-000 files: make the read fail as it would
+        real = Path.read_bytes
+
+        def read_bytes(self):
+            if self.name == "secret.md":
+                raise PermissionError(13, "Permission denied")
+            return real(self)
+
+        monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    try:
+        result = runner.invoke(
+            app, ["index", "build", str(src), "--out", str(tmp_path / "ix"), *FAST]
+        )
+    finally:
+        (src / "secret.md").chmod(0o644)
+    assert result.exit_code == 0, result.output
+    assert "1 documents" in result.output and "skipped 3 files" in result.output
+    for name, reason in (
+        ("[draft] blob.bin", "binary file"),
+        ("latin1.txt", "not UTF-8 text"),
+        ("secret.md", "unreadable (Permission denied)"),
+    ):
+        assert f"skipped {src / name}: {reason}" in result.output
