@@ -137,6 +137,12 @@ class VerifyBatcher:
         state.logits, state.recent_logits = new.logits, new.recent_logits
         return logits
 
+    @property
+    def attached(self) -> int:
+        """Sessions attached now (one per cloud session using the batcher)."""
+        with self._cond:
+            return self._attached
+
     def attach(self) -> None:
         """A session that will submit items starts; the window ends early once every attached
         session has an item queued (a lone session never waits)."""

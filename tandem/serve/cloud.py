@@ -15,7 +15,9 @@ Words used here:
 
 Model forward passes run in worker threads; the model's own lock serialises them, so sessions
 share one model safely (one forward pass at a time). A session's state (its KV cache) lives in
-its mode's session object only, so it is freed when the session ends (tested with weakrefs).
+its mode's session object only, so it is freed when the session ends (tested with weakrefs),
+also when the device vanishes mid-session: its channel fails (end of stream, reset, or the
+dead-peer timeout), the mode returns, and the end record says `reason: peer_lost`.
 """
 
 from __future__ import annotations
@@ -193,6 +195,7 @@ class CloudServer:
             raise
         finally:
             del self.open[channel]
+            reason, error = end_reason(result, error, getattr(channel, "failure", None))
             stats = result if isinstance(result, dict) else {}
             record = _record(
                 "session_end",
@@ -204,7 +207,8 @@ class CloudServer:
                 bytes_up=channel.bytes_received,
                 bytes_down=channel.bytes_sent,
                 duration_s=round(time.monotonic() - started, 4),
-                error=error if error else (None if result is not None else "ended early"),
+                reason=reason,
+                error=error,
             )
             if metrics is not None:
                 metrics.closed(record, len(self.open))
@@ -217,7 +221,12 @@ class CloudServer:
     def render_metrics(self) -> str:
         """The text of GET /metrics (empty metrics if the resources have none)."""
         metrics = self.resources.metrics or CloudMetrics()
-        return metrics.render(list(self.open))
+        batcher = self.resources.batcher
+        return metrics.render(
+            list(self.open),
+            states=len(self.resources.live),
+            queued_tokens=batcher.queued_tokens if batcher is not None else 0,
+        )
 
     async def start(
         self, host: str, port: int, *, transport: TransportConfig, metrics_port: int | None = None
@@ -244,6 +253,20 @@ class CloudServer:
             self._metrics_server = None
         if self.resources.batcher is not None:
             self.resources.batcher.close()
+
+
+def end_reason(
+    result: object, error: str | None, failure: Exception | None
+) -> tuple[str, str | None]:
+    """(reason, error text) of a finished session (reasons: tandem.serve.cloud_metrics). A
+    failed channel comes first: a mode may return normally, or raise, once its device is gone."""
+    if failure is not None:
+        return "peer_lost", f"{type(failure).__name__}: {failure}"
+    if error is not None:
+        return "error", error
+    if result is None:
+        return "ended_early", "ended early"
+    return "completed", None
 
 
 def _record(event: str, session: str, mode: str, **fields) -> dict:

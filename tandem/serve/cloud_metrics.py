@@ -3,13 +3,18 @@
 Words used here:
 - *record*: one session's summary, a flat dict: event (session_start / session_end /
   session_refused), session id, mode, tokens, drafts, accepted, bytes_up (device -> cloud),
-  bytes_down, duration_s, refusal (the limit's name, or null), error.
+  bytes_down, duration_s, reason (how a session ended, see below), refusal (the limit's
+  name, or null), error.
+- *end reason*: `completed` (the mode returned its result), `peer_lost` (the device's side
+  of the channel failed first: it closed or reset the connection, said Bye, fell silent past
+  the dead-peer timeout or sent broken frames; `error` says which), `error` (the mode
+  raised), `ended_early` (the mode returned nothing, e.g. a bad start message).
 - *observer*: what a spec session calls per verdict (`verdict(drafts, accepted, tokens)`), so
   tokens/s and acceptance move while sessions run, not only when they end.
 
-`CloudMetrics.render(channels)` refreshes the gauges that are computed on demand (open
-sessions' RTT estimate, tokens/s over the last `window_s`, acceptance rate) and returns the
-text of `GET /metrics`. `serve_metrics` answers that one request on 127.0.0.1 (h11).
+`CloudMetrics.render(channels, ...)` refreshes the gauges that are computed on demand (open
+sessions' RTT estimate, tokens/s over the last `window_s`, acceptance rate, session objects
+still alive, tokens waiting in the batcher) and returns the text of `GET /metrics`. `serve_metrics` answers that one request on 127.0.0.1 (h11).
 """
 
 from __future__ import annotations
@@ -31,6 +36,9 @@ log = logging.getLogger("tandem.cloud")
 FAMILIES = (
     ("counter", "sessions_total", "Sessions admitted, by mode."),
     ("gauge", "sessions_open", "Sessions open now."),
+    ("counter", "sessions_ended_total", "Sessions ended, by reason (completed, peer_lost, ...)."),
+    ("gauge", "session_states", "Session objects (with their KV caches) still in memory."),
+    ("gauge", "queued_tokens", "Verification tokens submitted to the batcher, not answered."),
     ("counter", "refusals_total", "Sessions refused, by the limit that refused them."),
     ("counter", "tokens_total", "Output tokens committed by the cloud."),
     ("gauge", "tokens_per_second", "Output tokens per second over the last window."),
@@ -65,6 +73,7 @@ class CloudMetrics:
 
     def closed(self, record: dict, open_now: int) -> None:
         self.metrics.set("sessions_open", open_now)
+        self.metrics.inc("sessions_ended_total", reason=record.get("reason", "completed"))
         self.metrics.inc("bytes_up_total", record.get("bytes_up", 0))
         self.metrics.inc("bytes_down_total", record.get("bytes_down", 0))
         if record.get("mode") != "spec":  # spec sessions count their tokens per verdict
@@ -91,7 +100,7 @@ class CloudMetrics:
 
     # -- exposition ---------------------------------------------------------------------------
 
-    def render(self, channels: Iterable = ()) -> str:
+    def render(self, channels: Iterable = (), *, states: int = 0, queued_tokens: int = 0) -> str:
         now = time.monotonic()
         with self._lock:
             while self._recent and self._recent[0][0] < now - self.window_s:
@@ -103,6 +112,8 @@ class CloudMetrics:
         self.metrics.set("acceptance_rate", accepted / drafts if drafts else 0.0)
         rtts = [c.rtt for c in channels if getattr(c, "rtt", None) is not None]
         self.metrics.set("rtt_seconds", sum(rtts) / len(rtts) if rtts else 0.0)
+        self.metrics.set("session_states", states)
+        self.metrics.set("queued_tokens", queued_tokens)
         return self.metrics.render()
 
 

@@ -45,6 +45,15 @@ messages instead, echo them in the handler and time `send` + `recv` on the clien
 
 Defaults: `TransportConfig()` has no secret (auth with an empty key: loopback tests
 only), an empty model fingerprint, Pings every 5 s and a 20 s dead-peer timeout.
+Memory is bounded on both paths (channel.py's docstring has the details): `send()`
+awaits the stream's drain, so a peer that stops reading blocks the sender (TCP
+back-pressure) instead of growing a buffer; the receive queue holds at most
+`recv_queue_messages` (4096) or `recv_queue_bytes` (64 MiB) before the reader stops
+reading, and a queue full for `recv_stall_timeout` (60 s; None: no limit) closes the
+channel with `ChannelClosed("receive queue full ...")`, the peer hearing
+`peer said bye: receive queue full: peer not reading`. In-memory streams buffer 64 KiB
+per direction, the link emulator `LinkConfig.max_buffer_bytes` (16 MiB), the delay proxy
+`ProxyConfig.max_buffer_bytes` (8 MiB) per direction of each connection.
 Errors: every exception is a `TransportError` (see errors.py for the tree); `recv()`
 raises `ChannelClosed` after the peer's Bye, `PeerDead`, or `ProtocolError`.
 

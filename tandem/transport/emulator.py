@@ -19,7 +19,9 @@ delay of one retransmission timeout (`loss_rto_ms`, default 200 ms = Linux TCP_R
 on the whole write, and later writes queue behind it (head-of-line blocking). Jitter is
 uniform like netem's default, but clipped so that bytes stay in order (netem without
 rate control would reorder packets; TCP would then reassemble them in order anyway).
-The queue of pending writes is unbounded (the emulated socket buffer never fills).
+Writes never block, but `drain()` waits while more than `max_buffer_bytes` written bytes
+are still on the emulated link (a full socket buffer), so a sender that awaits drain, as
+FramedChannel.send does, is slowed to the link instead of growing the queue.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ class LinkConfig:
     loss_rto_ms: float = 200.0  # delay one loss adds (a TCP retransmission timeout)
     mss: int = 1448  # bytes per segment for the loss model
     seed: int = 0  # jitter and loss draws are reproducible
+    max_buffer_bytes: int = 16 << 20  # bytes in flight before drain() waits (socket buffer)
 
     def __post_init__(self) -> None:
         if self.delay_ms < 0 or self.jitter_ms < 0 or self.loss_rto_ms < 0:
@@ -55,6 +58,8 @@ class LinkConfig:
             raise ValueError("loss must be in [0, 1)")
         if self.mss <= 0:
             raise ValueError("mss must be > 0")
+        if self.max_buffer_bytes <= 0:
+            raise ValueError("max_buffer_bytes must be > 0")
 
 
 class LinkModel:
@@ -92,19 +97,30 @@ class EmulatedStream:
         self.inner = inner
         self.model = LinkModel(link)
         self._queue: asyncio.Queue[tuple[float, bytes | None]] = asyncio.Queue()
+        self._queued_bytes = 0  # written, not yet handed to the inner stream
+        self._room = asyncio.Event()  # set while _queued_bytes <= link.max_buffer_bytes
+        self._room.set()
         self._pump: asyncio.Task | None = None
         self._closed = False
+        self._broken = False  # the inner stream failed: nothing will be delivered any more
 
     def write(self, data: bytes) -> None:
-        if self._closed:
+        if self._closed or self._broken:
             raise ConnectionResetError("write on a closed emulated stream")
         loop = asyncio.get_running_loop()
         self._queue.put_nowait((self.model.arrival(loop.time(), len(data)), bytes(data)))
+        self._queued_bytes += len(data)
+        if self._queued_bytes > self.model.link.max_buffer_bytes:
+            self._room.clear()
         if self._pump is None:
             self._pump = loop.create_task(self._deliver())
 
     async def drain(self) -> None:
-        """Returns at once: the emulated socket buffer never fills."""
+        """Wait while more than `max_buffer_bytes` are still on the emulated link."""
+        while self._queued_bytes > self.model.link.max_buffer_bytes:
+            if self._broken:
+                raise ConnectionResetError("the emulated link's stream failed")
+            await self._room.wait()
 
     async def read(self) -> bytes:
         return await self.inner.read()
@@ -124,6 +140,7 @@ class EmulatedStream:
         self._closed = True
         if self._pump is not None:
             self._pump.cancel()
+        self._fail_pending()
         self.inner.close()
 
     async def wait_closed(self) -> None:
@@ -137,6 +154,13 @@ class EmulatedStream:
         except asyncio.CancelledError:
             self.inner.close()  # never leave the real socket open behind a cancelled pump
             raise
+        finally:
+            self._fail_pending()
+
+    def _fail_pending(self) -> None:
+        """The pump has stopped: a waiting drain() raises instead of waiting forever."""
+        self._broken = True
+        self._room.set()
 
     async def _deliver_queued(self) -> None:
         loop = asyncio.get_running_loop()
@@ -150,6 +174,9 @@ class EmulatedStream:
                 await asyncio.sleep(wait)
             try:
                 self.inner.write(data)
+                self._queued_bytes -= len(data)
+                if self._queued_bytes <= self.model.link.max_buffer_bytes:
+                    self._room.set()
                 await self.inner.drain()
             except (OSError, RuntimeError):
                 return

@@ -12,7 +12,8 @@ Every exception raised by the transport layer is a `TransportError` (itself a
          │   ├─ VersionMismatch       the two sides speak different protocol versions
          │   ├─ AuthenticationFailed  a side could not prove it holds the shared secret
          │   └─ FingerprintMismatch   the two models do not share a tokenizer / vocabulary
-         ├─ ChannelClosed           the peer said Bye or closed the connection (or we closed it)
+         ├─ ChannelClosed           the peer said Bye or closed the connection (or we closed it,
+         │                          or our receive queue stayed full: `recv_stall_timeout`)
          ├─ PeerDead                nothing heard from the peer within `dead_peer_timeout`
          └─ ConnectError            TCP or TLS could not connect
 

@@ -285,6 +285,7 @@ class DelayProxy:
         self.started = 0.0  # loop time of start(); outages count from here
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task] = set()
+        self._pipes: set[_Pipe] = set()  # of the open connections, both directions
         self._up: _Link | None = None
         self._down: _Link | None = None
 
@@ -293,6 +294,12 @@ class DelayProxy:
         if self._server is None:
             raise TandemError("proxy is not started")
         return self._server.sockets[0].getsockname()[1]
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes held (read, not yet written on) over all open connections; each direction of
+        each connection holds at most `max_buffer_bytes` + one read (64 KiB)."""
+        return sum(pipe.held_bytes for pipe in self._pipes)
 
     async def start(self) -> DelayProxy:
         self.started = asyncio.get_running_loop().time()
@@ -343,12 +350,10 @@ class DelayProxy:
             return
         _set_nodelay(upstream_writer)
         assert self._up is not None and self._down is not None
-        pipes = [
-            asyncio.create_task(_Pipe(client_reader, upstream_writer, self._up, self.config).run()),
-            asyncio.create_task(
-                _Pipe(upstream_reader, client_writer, self._down, self.config).run()
-            ),
-        ]
+        up = _Pipe(client_reader, upstream_writer, self._up, self.config)
+        down = _Pipe(upstream_reader, client_writer, self._down, self.config)
+        self._pipes |= {up, down}
+        pipes = [asyncio.create_task(up.run()), asyncio.create_task(down.run())]
         try:
             # A failed write (peer gone) ends the connection; a clean EOF only half-closes.
             await asyncio.wait(pipes, return_when=asyncio.FIRST_EXCEPTION)
@@ -356,6 +361,7 @@ class DelayProxy:
             for task in pipes:
                 task.cancel()
             await asyncio.gather(*pipes, return_exceptions=True)
+            self._pipes -= {up, down}
             await _close(upstream_writer)
             await _close(client_writer)
 

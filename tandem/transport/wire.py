@@ -433,6 +433,7 @@ class FrameParser:
         self._prefix: _Prefix | None = None
         self._plan: _Plan | None = None
         self._error: ProtocolError | None = None
+        self.message_bytes = 0  # size of the last message returned: prefix + header + raw payload
 
     @property
     def state(self) -> str:
@@ -495,6 +496,7 @@ class FrameParser:
                 return self._need_data()
             raw = _decompress(self._take(prefix.payload_len), prefix.flags, prefix.raw_len)
             msg = build_message(self._plan, raw, self.limits)
+            self.message_bytes = PREFIX.size + prefix.header_len + prefix.raw_len
             self._state, self._prefix, self._plan = "PREFIX", None, None
             return msg
         return self._need_data()  # CLOSED

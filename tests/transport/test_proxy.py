@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from tandem.errors import TandemError
 from tandem.transport import probe
+from tandem.transport import proxy as proxy_module
 from tandem.transport.proxy import (
     Bucket,
     DelayProxy,
@@ -212,3 +213,44 @@ def test_close_ends_open_connections_and_refused_upstream_closes_client():
             await writer.wait_closed()
 
     asyncio.run(go())
+
+
+def test_an_upstream_that_never_reads_holds_the_proxy_at_its_buffer_bound():
+    """The client offers 64 MiB to an upstream that never reads: the proxy stops reading at
+    max_buffer_bytes (+ one read), the rest waits in the kernel, and the client blocks."""
+    limit, offered, chunk = 256 * 1024, 64 << 20, bytes(1 << 16)
+
+    async def go():
+        stop = asyncio.Event()
+
+        async def never_read(reader, writer):
+            await stop.wait()
+            writer.close()
+
+        server = await asyncio.start_server(never_read, "127.0.0.1", 0)
+        upstream_port = server.sockets[0].getsockname()[1]
+        config = ProxyConfig(upstream_port=upstream_port, max_buffer_bytes=limit)
+        async with DelayProxy(config) as proxy:
+            reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+
+            async def send():
+                for _ in range(offered // len(chunk)):
+                    writer.write(chunk)
+                    await writer.drain()
+
+            client = asyncio.create_task(send())
+            async with asyncio.timeout(20):
+                while proxy.held_bytes < limit and not client.done():
+                    await asyncio.sleep(0.01)
+            await asyncio.sleep(0.3)
+            held, blocked = proxy.held_bytes, not client.done()
+            client.cancel()
+            writer.close()
+            stop.set()
+        server.close()
+        await server.wait_closed()
+        return held, blocked
+
+    held, blocked = asyncio.run(go())
+    assert limit <= held <= limit + proxy_module.READ_BYTES
+    assert blocked

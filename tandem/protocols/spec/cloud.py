@@ -30,6 +30,8 @@ from tandem.protocols.spec.config import SpecConfig
 from tandem.protocols.spec.verifier import Request, Verifier, merge
 from tandem.transport import ChannelClosed, Interrupt, TransportError, VerifyRequest
 
+INBOX_MESSAGES = 1024  # read ahead of the verifier; beyond, the channel's queue (then TCP) holds
+
 
 class Observer(Protocol):
     def verdict(self, drafts: int, accepted: int, tokens: int) -> None: ...
@@ -71,7 +73,7 @@ class CloudSession:
             lm = BatchedLM(lm, batcher)
         self.verifier = Verifier(lm, prompt, config, eos_id=lm.tokenizer.eos_token_id)
         self.codec = None if config.separate else make_codec(config.codec, **config.codec_params)
-        self.inbox: asyncio.Queue = asyncio.Queue()
+        self.inbox: asyncio.Queue = asyncio.Queue(maxsize=INBOX_MESSAGES)
         self.stats: dict = {
             "model": getattr(lm, "name", ""),
             "prefill_s": 0.0,
@@ -115,10 +117,10 @@ class CloudSession:
                 msg = await self.channel.recv()
                 if isinstance(msg, Interrupt):
                     self.verifier.cancel.set()
-                self.inbox.put_nowait(msg)
+                await self.inbox.put(msg)
         except TransportError:
             self.verifier.cancel.set()
-            self.inbox.put_nowait(None)
+            await self.inbox.put(None)
 
     async def _loop(self) -> None:
         while True:
