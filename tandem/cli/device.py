@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import logging
 import sys
+import time
 from pathlib import Path
 
 import typer
@@ -71,18 +73,25 @@ def run(
     seed: int = typer.Option(0, "--seed"),
     threads: int = typer.Option(1, "--threads", min=1, help="torch intra-op threads."),
     json_out: Path = typer.Option(None, "--json", help="Also write the full report here."),
+    fallback: bool = typer.Option(
+        True,
+        "--fallback/--no-fallback",
+        help="If the cloud is unreachable or lost, the device model finishes the answer "
+        "(--no-fallback: exit with the error instead).",
+    ),  # fmt: skip
 ) -> None:
     """Generate with the device model drafting and the cloud verifying; print the stats."""
-    import asyncio
-
     import torch
     from rich.console import Console
 
+    from tandem.baselines.spec_baselines import run_device_only
     from tandem.models.registry import load_model
     from tandem.protocols.spec.config import SpecConfig
     from tandem.protocols.spec.stats import summary_table
-    from tandem.serve.device import DEVICE_MODES, device_transport, run_generation
-    from tandem.transport import LinkConfig
+    from tandem.serve.api.backends import GenParams
+    from tandem.serve.api.server import build_backend
+    from tandem.serve.device import DEVICE_MODES
+    from tandem.serve.settings import DeviceServeSettings, merge_flags
     from tandem.transport.proxy import parse_hostport
 
     if cloud:
@@ -98,32 +107,20 @@ def run(
         return
     if mode not in DEVICE_MODES:
         raise TandemError(f"unknown mode {mode!r}; choose one of {', '.join(DEVICE_MODES)}")
-    config = SpecConfig(
-        pipeline=pipeline,
-        codec=codec,
-        codec_params=parse_params(codec_param),
-        draft_len=draft_len,
-        bit_budget=bit_budget,
-        downlink_k=downlink_k,
-        fast_verify=fast_verify,
-        first_chunk=1,
-        truncate_factor=truncate_factor,
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
-        seed=seed,
+    config = SpecConfig(  # checks the flags before the model loads
+        pipeline=pipeline, codec=codec, codec_params=parse_params(codec_param),
+        draft_len=draft_len, bit_budget=bit_budget, downlink_k=downlink_k,
+        fast_verify=fast_verify, first_chunk=1, truncate_factor=truncate_factor,
+        temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
         max_new_tokens=max_new_tokens,
-    )
+    )  # fmt: skip
     torch.set_num_threads(threads)
     lm = load_model(model)
     ids = lm.tokenizer.encode(prompt) if raw else lm.tokenizer.chat_prompt(prompt)
-    transport = device_transport(
-        lm, secret=secret, link=LinkConfig(delay_ms=delay) if delay else None
-    )
     shown: list[int] = []
     printed = ""
 
-    def show(token: int) -> None:
+    def show(token: int, _piece: str = "") -> None:
         nonlocal printed
         shown.append(token)
         text = lm.tokenizer.decode(shown)
@@ -132,22 +129,46 @@ def run(
             sys.stdout.flush()
             printed = text
 
-    report = asyncio.run(
-        run_generation(
-            mode,
-            lm=lm,
-            prompt_ids=ids,
-            config=config,
-            host=host,
-            port=port,
-            transport=transport,
-            on_token=show,
-        )
+    console = Console(stderr=True)
+    if mode == "local":
+        report = run_device_only(lm, ids, config, on_token=show)
+        print()
+        console.print(summary_table(report))
+        if json_out is not None:
+            json_out.write_text(json.dumps(report.to_json(), indent=1))
+        return
+    # spec / ar: the serving backend, so a lost cloud is a fallback here too (the device
+    # finishes from the tokens already committed), never a truncated answer
+    settings = merge_flags(DeviceServeSettings(model=model), dict(
+        mode=mode, cloud=f"{host}:{port}", delay=delay, pipeline=pipeline, codec=codec,
+        codec_params=config.codec_params, draft_len=draft_len, bit_budget=bit_budget,
+        downlink_k=downlink_k, fast_verify=fast_verify, truncate_factor=truncate_factor,
+        threads=threads,
+    ))  # fmt: skip
+    backend = build_backend(settings, lm, secret=secret)
+    backend.fallback = fallback
+    logging.getLogger("tandem.serve.api").setLevel(logging.ERROR)  # said below, once
+    params = GenParams(
+        max_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed
     )
+    start = time.perf_counter()
+    result = backend.generate(ids, params, show)
+    elapsed = time.perf_counter() - start
     print()
-    Console(stderr=True).print(summary_table(report))
+    if result.report is not None:
+        console.print(summary_table(result.report))
+    record = {"mode": mode, "tokens": result.tokens, "finish_reason": result.finish_reason,
+              "total_s": elapsed, "degraded": result.degraded}  # fmt: skip
+    if result.degraded:
+        record.update(degraded_at=result.degraded_at, degraded_reason=result.degraded_reason)
+        console.print(
+            f"[yellow]fell back[/yellow] at token {result.degraded_at}: "
+            f"{result.degraded_reason}; the device model finished the answer alone "
+            f"({len(result.tokens)} tokens in {elapsed:.2f} s, finish: {result.finish_reason})"
+        )
     if json_out is not None:
-        json_out.write_text(json.dumps(report.to_json(), indent=1))
+        body = result.report.to_json() if result.report is not None else {}
+        json_out.write_text(json.dumps({**body, **record}, indent=1))
 
 
 @app.command("serve")

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tandem.errors import TandemError
 
-SERVE_MODES = ("local", "spec", "dragon", "rapid")
+SERVE_MODES = ("local", "spec", "ar", "dragon", "rapid")
 CLOUD_MODES = ("spec", "ar", "dragon")
 
 
@@ -40,7 +40,7 @@ class DeviceServeSettings(_Section):
     """Every flag of `tandem device serve`."""
 
     cloud: str = "127.0.0.1:7700"  # HOST:PORT of `tandem cloud serve` (unused in local mode)
-    mode: Literal["local", "spec", "dragon", "rapid"] = "spec"
+    mode: Literal["local", "spec", "ar", "dragon", "rapid"] = "spec"
     model: str = "qwen2.5-coder-0.5b"  # the device model
     backend: Literal["llamacpp", "hf"] | None = (
         None  # model engine (None: tandem --backend / default)
@@ -52,7 +52,7 @@ class DeviceServeSettings(_Section):
     docs: int = Field(2, ge=1)  # dragon: documents per side
     pipeline: Literal["sync", "async"] = "async"  # spec
     codec: str = "dense"  # spec: uplink codec
-    codec_params: dict[str, float] = Field(default_factory=dict)
+    codec_params: dict[str, int | float] = Field(default_factory=dict)  # k=8 stays an int
     draft_len: int = Field(4, ge=1)
     bit_budget: int | None = Field(None, ge=1)
     downlink_k: int = Field(10, ge=1)

@@ -46,9 +46,12 @@ def test_cloud_serve_config_flags_metrics_and_json_logs(tmp_path):
         proc.terminate()
         _, err = proc.communicate(timeout=30)
     assert served.returncode == 0, served.stderr
-    assert refused.returncode == 2
-    assert refused.stderr == (
-        "error: cloud error: context too long: 22 tokens (prompt + new) > max_context 16\n"
+    # a refusing cloud is a fallback, as in the HTTP API: the device answers alone, and says why
+    assert refused.returncode == 0, refused.stderr
+    said = " ".join(refused.stderr.split())
+    assert (
+        "fell back at token 0: cloud error: context too long: 22 tokens (prompt + new) > "
+        "max_context 16; the device model finished the answer alone (20 tokens" in said
     )
     assert 'tandem_cloud_refusals_total{reason="max_context"} 1' in text
     assert 'tandem_cloud_sessions_total{mode="spec"} 1' in text

@@ -65,7 +65,7 @@ def test_cloud_autoregressive_mode(cloud_port):
 
 def test_wrong_secret_is_one_line(cloud_port):
     out = tandem("device", "run", "--model", "tiny-qwen2", "--raw", "-p", "hi",
-                 "--port", str(cloud_port), "--secret", "wrong")  # fmt: skip
+                 "--port", str(cloud_port), "--secret", "wrong", "--no-fallback")  # fmt: skip
     assert out.returncode == 2
     assert out.stderr.startswith("error: ") and out.stderr.count("\n") == 1
     assert "Traceback" not in out.stderr
@@ -73,10 +73,27 @@ def test_wrong_secret_is_one_line(cloud_port):
 
 def test_unreachable_cloud_is_one_line():
     start = time.perf_counter()
-    out = tandem("device", "run", "--model", "tiny-qwen2", "--raw", "-p", "hi", "--port", "1")
+    out = tandem("device", "run", "--model", "tiny-qwen2", "--raw", "-p", "hi", "--port", "1",
+                 "--no-fallback")  # fmt: skip
     assert out.returncode == 2
     assert out.stderr.startswith("error: cannot connect to 127.0.0.1:1")
     assert out.stderr.count("\n") == 1 and time.perf_counter() - start < 60
+
+
+def test_unreachable_cloud_falls_back_by_default(tiny_lm, tmp_path):
+    from tandem.config import SamplingConfig
+    from tandem.protocols.local import generate
+
+    out = tandem("device", "run", "--model", "tiny-qwen2", "--raw", "-p", "hi", "--port", "1",
+                 "-n", "6", "--json", str(tmp_path / "run.json"))  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    said = " ".join(out.stderr.split())
+    assert "fell back at token 0: cannot connect to 127.0.0.1:1" in said
+    record = json.loads((tmp_path / "run.json").read_text())
+    assert record["degraded"] is True and record["degraded_at"] == 0
+    ids = tiny_lm.tokenizer.encode("hi")
+    expected = generate(tiny_lm, ids, SamplingConfig(temperature=0, max_new_tokens=6)).tokens
+    assert record["tokens"] == expected
 
 
 @pytest.mark.parametrize(

@@ -66,6 +66,12 @@ async def _expect(channel: Channel, seq: int) -> VerifyResult:
     return reply
 
 
+def _output(tokens: list[int], eos: int | None, limit: int) -> list[int]:
+    """The answer so far: at most `limit` tokens, ending at the first eos."""
+    tokens = tokens[:limit]
+    return tokens[: tokens.index(eos) + 1] if eos is not None and eos in tokens else tokens
+
+
 async def device_generate(
     channel: Channel,
     drafter_lm: CausalLM,
@@ -74,8 +80,11 @@ async def device_generate(
     config: RapidConfig,
     *,
     codec: tuple[str, dict] = DEFAULT_CODEC,
+    on_token: Callable[[int], None] | None = None,
 ) -> RapidResult:
-    """The device side of one RAPID generation; returns the tokens and the timings."""
+    """The device side of one RAPID generation; returns the tokens and the timings.
+    `on_token` gets every output token as soon as its round is verified (a lost cloud then
+    leaves exactly those committed)."""
     name, params = codec
     sender = make_codec(name, **params)
     settings = {**dataclasses.asdict(config), "codec": name, "codec_params": params}
@@ -108,7 +117,7 @@ async def device_generate(
     eos = eos_id(drafter_lm, config)
     tokens: list[int] = []
     per_round: list[int] = []
-    drafted, draft_s, wait_s = 0, 0.0, 0.0
+    drafted, draft_s, wait_s, emitted = 0, 0.0, 0.0, 0
     decode_start = time.perf_counter()
     while len(tokens) < config.max_new_tokens and (eos is None or eos not in tokens):
         block = max(1, min(config.gamma, config.max_new_tokens - len(tokens) - 1))
@@ -135,11 +144,13 @@ async def device_generate(
         drafted += block
         per_round.append(reply.num_accepted)
         tokens.extend([*drafts[: reply.num_accepted], reply.next_token])
+        if on_token is not None:
+            for token in _output(tokens, eos, config.max_new_tokens)[emitted:]:
+                emitted += 1
+                on_token(token)
     decode_s = time.perf_counter() - decode_start
-    if eos is not None and eos in tokens[: config.max_new_tokens]:
-        tokens, finish = tokens[: tokens.index(eos) + 1], "eos"
-    else:
-        tokens, finish = tokens[: config.max_new_tokens], "length"
+    tokens = _output(tokens, eos, config.max_new_tokens)
+    finish = "eos" if eos is not None and tokens and tokens[-1] == eos else "length"
     return RapidResult(
         tokens=tokens,
         text=drafter_lm.tokenizer.decode(tokens),

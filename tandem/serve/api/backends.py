@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from tandem.models.base import CausalLM
 from tandem.transport import TransportConfig, TransportError
 
 OnToken = Callable[[int], None]
+log = logging.getLogger("tandem.serve.api")
 
 
 class StopGeneration(Exception):
@@ -41,6 +43,7 @@ class GenParams:
     max_tokens: int
     temperature: float = 1.0  # 0 = greedy
     top_p: float | None = None
+    top_k: int | None = None
     seed: int = 0
     question: str = ""  # the user's own text (dragon / rapid build their prompts from it)
     context: str | None = None  # rapid: the device's local text (C^S), per request
@@ -54,6 +57,7 @@ class GenResult:
     degraded_reason: str = ""
     degraded_at: int | None = None
     info: dict = field(default_factory=dict)  # the mode's numbers for the `tandem` object
+    report: object | None = field(default=None, repr=False)  # the protocol's own report
 
 
 class Backend(Protocol):
@@ -99,10 +103,37 @@ def local_continue(
     config = SamplingConfig(
         temperature=params.temperature,
         top_p=params.top_p,
+        top_k=params.top_k,
         seed=params.seed + len(recorder.tokens),
         max_new_tokens=left,
     )
     generate(lm, [*prompt_ids, *recorder.tokens], config, on_token=lambda t, _: recorder(t))
+
+
+def reason_of(exc: BaseException) -> str:
+    """An exception as one line (why the cloud could not finish the answer)."""
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def finish_alone(
+    lm: CausalLM,
+    prompt_ids: list[int],
+    params: GenParams,
+    recorder: Recorder,
+    reason: str,
+    info: dict | None = None,
+) -> GenResult:
+    """The cloud failed: the device model finishes the answer from the tokens committed so far
+    (`prompt_ids` is the device's own prompt for the mode), nothing lost or repeated."""
+    at = len(recorder.tokens)
+    log.warning("cloud lost at token %d (%s): the device finishes the answer alone", at, reason)
+    try:
+        local_continue(lm, prompt_ids, params, recorder)
+        finish = finish_of(recorder.tokens, lm.tokenizer.eos_token_id)
+    except StopGeneration:
+        finish = "stop"
+    return GenResult(recorder.tokens, finish, degraded=True, degraded_reason=reason,
+                     degraded_at=at, info=info if info is not None else {})  # fmt: skip
 
 
 async def probe_cloud(host: str, port: int, transport: TransportConfig) -> bool:
@@ -188,11 +219,71 @@ class SpecSettings:
     truncate_factor: float = 2.0
 
 
-class SpecBackend:
+class CloudBackend:
+    """A mode with a cloud: one session per request (`_collaborate`), and when the cloud cannot
+    be reached or is lost mid-answer, the device model finishes alone from the tokens already
+    committed (`finish_alone`)."""
+
+    mode: str
+    needs_context = False
+    fallback = True  # False: a cloud failure is raised (`tandem device run --no-fallback`)
+
+    def __init__(self, lm: CausalLM, *, host: str, port: int, transport: TransportConfig):
+        self.lm, self.host, self.port, self.transport = lm, host, port, transport
+
+    def config(self, params: GenParams):
+        """The protocol's config for one request (a bad setting raises TandemError)."""
+        raise NotImplementedError
+
+    def alone_prompt(self, prompt_ids: list[int], params: GenParams) -> list[int]:
+        """The device's prompt when it continues alone."""
+        return prompt_ids
+
+    async def _collaborate(self, prompt_ids, params: GenParams, config, recorder: Recorder, info):
+        """One session with the cloud; calls `recorder` for every committed token; returns
+        the protocol's report."""
+        raise NotImplementedError
+
+    def generate(self, prompt_ids: list[int], params: GenParams, on_token: OnToken) -> GenResult:
+        recorder = Recorder(on_token)
+        info: dict = {"bytes_up": 0, "bytes_down": 0}
+        config = self.config(params)  # a bad setting is an error, not a reason to degrade
+        try:
+            report = asyncio.run(self._collaborate(prompt_ids, params, config, recorder, info))
+        except StopGeneration:
+            return GenResult(recorder.tokens, "stop", info=info)
+        except (TandemError, TransportError, OSError) as exc:
+            if not self.fallback:
+                raise TandemError(reason_of(exc)) from None
+            ids = self.alone_prompt(prompt_ids, params)
+            return finish_alone(self.lm, ids, params, recorder, reason_of(exc), info)
+        eos = self.lm.tokenizer.eos_token_id
+        return GenResult(recorder.tokens, finish_of(recorder.tokens, eos), info=info,
+                         report=report)  # fmt: skip
+
+    async def _connect(self, info: dict):
+        from tandem.transport import connect
+
+        start = time.perf_counter()
+        channel = await connect(self.host, self.port, config=self.transport)
+        info["connect_s"] = time.perf_counter() - start
+        return channel
+
+    @staticmethod
+    async def _close(channel, info: dict, why: str) -> None:
+        info["bytes_up"] = channel.bytes_sent
+        info["bytes_down"] = channel.bytes_received
+        with contextlib.suppress(TransportError, OSError):
+            await channel.close(why)
+
+    async def cloud_reachable(self) -> bool | None:
+        return await probe_cloud(self.host, self.port, self.transport)
+
+
+class SpecBackend(CloudBackend):
     """Device drafts, cloud verifies (`tandem cloud serve`); falls back to the device model."""
 
     mode = "spec"
-    needs_context = False
 
     def __init__(
         self,
@@ -203,7 +294,7 @@ class SpecBackend:
         transport: TransportConfig,
         spec: SpecSettings | None = None,
     ) -> None:
-        self.lm, self.host, self.port, self.transport = lm, host, port, transport
+        super().__init__(lm, host=host, port=port, transport=transport)
         self.spec = spec or SpecSettings()
 
     def config(self, params: GenParams):
@@ -214,17 +305,14 @@ class SpecBackend:
             pipeline=spec.pipeline, codec=spec.codec, codec_params=spec.codec_params,
             draft_len=spec.draft_len, bit_budget=spec.bit_budget, downlink_k=spec.downlink_k,
             fast_verify=spec.fast_verify, truncate_factor=spec.truncate_factor,
-            temperature=params.temperature, top_p=params.top_p, seed=params.seed,
-            max_new_tokens=params.max_tokens, first_chunk=1,
+            temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
+            seed=params.seed, max_new_tokens=params.max_tokens, first_chunk=1,
         )  # fmt: skip
 
-    async def _collaborate(self, prompt_ids, config, recorder: Recorder, info: dict):
+    async def _collaborate(self, prompt_ids, params: GenParams, config, recorder: Recorder, info):
         from tandem.protocols.spec.device import run_device
-        from tandem.transport import connect
 
-        start = time.perf_counter()
-        channel = await connect(self.host, self.port, config=self.transport)
-        info["connect_s"] = time.perf_counter() - start
+        channel = await self._connect(info)
         try:
             report = await run_device(
                 channel, self.lm, prompt_ids, config, on_token=recorder, close=False
@@ -238,41 +326,36 @@ class SpecBackend:
                 network_ms=summary["network_ms"],
             )
         finally:
-            info["bytes_up"] = channel.bytes_sent
-            info["bytes_down"] = channel.bytes_received
             rtt = channel.rtt
             if rtt is None and info.get("network_ms"):
                 rtt = info["network_ms"] / 1e3
             info["rtt_s"] = rtt
-            with contextlib.suppress(TransportError, OSError):
-                await channel.close("spec done")
+            await self._close(channel, info, "spec done")
+        return report
 
-    def generate(self, prompt_ids: list[int], params: GenParams, on_token: OnToken) -> GenResult:
-        recorder = Recorder(on_token)
-        info: dict = {"bytes_up": 0, "bytes_down": 0}
-        eos = self.lm.tokenizer.eos_token_id
-        config = self.config(params)  # a bad setting is an error, not a reason to degrade
-        try:
-            asyncio.run(self._collaborate(prompt_ids, config, recorder, info))
-            return GenResult(recorder.tokens, finish_of(recorder.tokens, eos), info=info)
-        except StopGeneration:
-            return GenResult(recorder.tokens, "stop", info=info)
-        except (TandemError, TransportError, OSError) as exc:
-            reason = " ".join(str(exc).split()) or type(exc).__name__
-        degraded_at = len(recorder.tokens)
-        try:
-            local_continue(self.lm, prompt_ids, params, recorder)
-            finish = finish_of(recorder.tokens, eos)
-        except StopGeneration:
-            finish = "stop"
-        return GenResult(
-            recorder.tokens,
-            finish,
-            degraded=True,
-            degraded_reason=reason,
-            degraded_at=degraded_at,
-            info=info,
-        )
 
-    async def cloud_reachable(self) -> bool | None:
-        return await probe_cloud(self.host, self.port, self.transport)
+class CloudARBackend(CloudBackend):
+    """The cloud model decodes alone and streams its tokens (the autoregressive baseline);
+    the device only renders them, and finishes alone if the cloud is lost."""
+
+    mode = "ar"
+
+    def config(self, params: GenParams):
+        from tandem.protocols.spec.config import SpecConfig
+
+        return SpecConfig(
+            temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
+            seed=params.seed, max_new_tokens=params.max_tokens,
+        )  # fmt: skip
+
+    async def _collaborate(self, prompt_ids, params: GenParams, config, recorder: Recorder, info):
+        from tandem.baselines.spec_baselines import run_cloud_ar
+
+        channel = await self._connect(info)
+        try:
+            return await run_cloud_ar(
+                channel, self.lm.tokenizer, prompt_ids, config, on_token=recorder, close=False
+            )
+        finally:
+            info["rtt_s"] = channel.rtt
+            await self._close(channel, info, "ar done")

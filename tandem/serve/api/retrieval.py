@@ -8,25 +8,26 @@ Words used here:
   degrades by itself when the cloud dies mid-generation (`SideReport.degraded`); a cloud that
   cannot be reached at the start is replaced by the device model alone on the plain prompt.
 - *rapid*: `tandem.protocols.rapid.edge.device_generate` against a RAPID cloud
-  (`tandem rapid serve`); every request carries its local text in `tandem_context`. RAPID
-  returns its tokens at the end of the generation, so a stream gets them in one burst.
+  (`tandem rapid serve`); every request carries its local text in `tandem_context`. Tokens
+  stream as each round is verified; a lost cloud leaves the device model to finish from them.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 from tandem.errors import TandemError
 from tandem.serve.api.backends import (
+    CloudBackend,
     GenParams,
     GenResult,
     OnToken,
     Recorder,
     StopGeneration,
+    finish_alone,
     finish_of,
-    local_continue,
     probe_cloud,
+    reason_of,
 )
 from tandem.transport import TransportConfig, TransportError
 
@@ -44,22 +45,6 @@ class _Swallow:
                 self.recorder(token)
             except StopGeneration:
                 self.stopped = True
-
-
-def _reason(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
-
-
-def _alone(lm, prompt_ids, params, recorder: Recorder, reason: str, info=None) -> GenResult:
-    """The cloud failed: the device model finishes the answer from where it stands."""
-    at = len(recorder.tokens)
-    try:
-        local_continue(lm, prompt_ids, params, recorder)
-        finish = finish_of(recorder.tokens, lm.tokenizer.eos_token_id)
-    except StopGeneration:
-        finish = "stop"
-    return GenResult(recorder.tokens, finish, degraded=True, degraded_reason=reason,
-                     degraded_at=at, info=info if info is not None else {})  # fmt: skip
 
 
 class DragonBackend:
@@ -93,7 +78,7 @@ class DragonBackend:
         try:
             report = asyncio.run(run())
         except (TandemError, TransportError, OSError) as exc:
-            return _alone(self.lm, prompt_ids, params, recorder, _reason(exc))
+            return finish_alone(self.lm, prompt_ids, params, recorder, reason_of(exc))
         summary = report.summary()
         info = {
             "bytes_up": report.bytes_sent,
@@ -117,53 +102,35 @@ class DragonBackend:
         return await probe_cloud(self.host, self.port, self.transport)
 
 
-class RapidBackend:
+class RapidBackend(CloudBackend):
     mode = "rapid"
     needs_context = True
 
-    def __init__(self, lm, *, host: str, port: int, transport: TransportConfig) -> None:
-        self.lm, self.host, self.port, self.transport = lm, host, port, transport
-
-    async def _collaborate(self, params: GenParams, config, info: dict):
-        from tandem.protocols.rapid.edge import device_generate
-        from tandem.transport import connect
-
-        channel = await connect(self.host, self.port, config=self.transport)
-        try:
-            result = await device_generate(
-                channel, self.lm, params.context or "", params.question, config
-            )
-        finally:
-            info["bytes_up"], info["bytes_down"] = channel.bytes_sent, channel.bytes_received
-            with contextlib.suppress(TransportError, OSError):
-                await channel.close("rapid done")
-        return result
-
-    def generate(self, prompt_ids: list[int], params: GenParams, on_token: OnToken) -> GenResult:
+    def config(self, params: GenParams):
         from tandem.protocols.rapid.config import RapidConfig
-        from tandem.protocols.rapid.prompts import drafter_prompt
 
-        recorder = Recorder(on_token)
-        config = RapidConfig(
+        return RapidConfig(
             temperature=params.temperature, seed=params.seed, max_new_tokens=params.max_tokens
         )
-        info: dict = {}
+
+    def alone_prompt(self, prompt_ids: list[int], params: GenParams) -> list[int]:
+        from tandem.protocols.rapid.prompts import drafter_prompt
+
+        return drafter_prompt(self.lm.tokenizer, params.context or "", params.question)
+
+    async def _collaborate(self, prompt_ids, params: GenParams, config, recorder: Recorder, info):
+        from tandem.protocols.rapid.edge import device_generate
+
+        channel = await self._connect(info)
         try:
-            result = asyncio.run(self._collaborate(params, config, info))
-        except (TandemError, TransportError, OSError) as exc:
-            ids = drafter_prompt(self.lm.tokenizer, params.context or "", params.question)
-            return _alone(self.lm, ids, params, recorder, _reason(exc), info)
+            result = await device_generate(
+                channel, self.lm, params.context or "", params.question, config,
+                on_token=recorder,
+            )  # fmt: skip
+        finally:
+            await self._close(channel, info, "rapid done")
         info.update(
             acceptance_rate=result.accepted / result.drafted if result.drafted else None,
             rounds=result.rounds,
         )
-        try:
-            for token in result.tokens:
-                recorder(token)
-        except StopGeneration:
-            return GenResult(recorder.tokens, "stop", info=info)
-        return GenResult(recorder.tokens, finish_of(recorder.tokens, self.lm.tokenizer.eos_token_id),
-                         info=info)  # fmt: skip
-
-    async def cloud_reachable(self) -> bool | None:
-        return await probe_cloud(self.host, self.port, self.transport)
+        return result

@@ -20,7 +20,14 @@ import time
 
 from tandem.errors import TandemError
 from tandem.serve.api.app import ApiLimits, create_app
-from tandem.serve.api.backends import Backend, GenParams, LocalBackend, SpecBackend, SpecSettings
+from tandem.serve.api.backends import (
+    Backend,
+    CloudARBackend,
+    GenParams,
+    LocalBackend,
+    SpecBackend,
+    SpecSettings,
+)
 from tandem.serve.api.engine import Engine
 from tandem.serve.settings import DeviceServeSettings
 
@@ -89,6 +96,8 @@ def build_backend(settings: DeviceServeSettings, lm, *, secret=None) -> Backend:
         backend = SpecBackend(lm, host=host, port=port, transport=transport, spec=spec)
         backend.config(GenParams(max_tokens=1))  # check the settings now, not per request
         return backend
+    if settings.mode == "ar":
+        return CloudARBackend(lm, host=host, port=port, transport=transport)
     if settings.mode == "dragon":
         from tandem.serve.api.retrieval import DragonBackend
         from tandem.serve.dragon_session import load_side
