@@ -175,7 +175,7 @@ def run(
 def serve(
     config: Path = typer.Option(None, "--config", help="TOML/YAML file; flags override it."),
     cloud: str = typer.Option(None, "--cloud", help="HOST:PORT of `tandem cloud serve`."),
-    mode: str = typer.Option(None, "--mode", help="local, spec, dragon or rapid [spec]."),
+    mode: str = typer.Option(None, "--mode", help="local, spec, ar, dragon or rapid [spec]."),
     model: str = typer.Option(None, "--model", "-m", help="Device model [qwen2.5-coder-0.5b]."),
     served_model_name: str = typer.Option(None, help="Model name clients use [--model]."),
     listen: str = typer.Option(None, "--listen", help="HOST:PORT of the API [127.0.0.1:8000]."),
