@@ -104,7 +104,7 @@ def run(
 ) -> None:
     """Answer a question about a long text with RAPID on this machine."""
     from tandem.models.registry import load_model
-    from tandem.protocols.rapid.runner import run_local
+    from tandem.serve.rapid import run_local
 
     config, retrieval = _configs(
         mode, eta, gamma, temperature, max_new_tokens, seed, chunk_tokens, min_tokens,
@@ -130,7 +130,7 @@ def serve(
 ) -> None:
     """Cloud side: serve RAPID verification over a long context (until interrupted)."""
     from tandem.models.registry import load_model
-    from tandem.protocols.rapid.runner import serve_cloud
+    from tandem.serve.rapid import serve_cloud
     from tandem.transport.proxy import parse_hostport
 
     if listen:
@@ -161,10 +161,15 @@ def device(
     compression: float = COMPRESSION,
     threshold: float = THRESHOLD,
     embedder: str = EMBEDDER,
+    fallback: bool = typer.Option(
+        True,
+        "--fallback/--no-fallback",
+        help="If the cloud is unreachable or lost, the drafter finishes the answer alone.",
+    ),  # fmt: skip
 ) -> None:
     """Device side: retrieve C^S locally and draft for the cloud's long-context target."""
     from tandem.models.registry import load_model
-    from tandem.protocols.rapid.runner import run_device
+    from tandem.serve.rapid import run_device
     from tandem.transport.proxy import parse_hostport
 
     host, port = parse_hostport(connect)
@@ -175,9 +180,12 @@ def device(
     row = run_device(
         load_model(drafter), _read(retrieve_from), question, host=host, port=port,
         secret=_secret(secret), config=config, retrieval=retrieval, embedder_name=embedder,
-        codec=(codec, {"k": codec_k} if codec == "top-k" else {}),
+        codec=(codec, {"k": codec_k} if codec == "top-k" else {}), fallback=fallback,
     )  # fmt: skip
     _print_rows([row])
+    if "degraded_reason" in row:
+        typer.echo(f"fell back: {row['degraded_reason']}; the drafter finished the answer alone",
+                   err=True)  # fmt: skip
     typer.echo(f"uplink {row['uplink_bytes']} B, downlink {row['downlink_bytes']} B")
 
 

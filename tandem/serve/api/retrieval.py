@@ -103,15 +103,27 @@ class DragonBackend:
 
 
 class RapidBackend(CloudBackend):
+    """RAPID's device side: drafts from the request's local text for the cloud's long-context
+    target. `rapid`: the RAPID settings (mode, eta, gamma, ...; sampling and budget come from
+    each request); `codec`: the uplink codec of the draft law."""
+
     mode = "rapid"
     needs_context = True
 
+    def __init__(self, lm, *, host: str, port: int, transport: TransportConfig, rapid=None,
+                 codec: tuple[str, dict] | None = None) -> None:  # fmt: skip
+        super().__init__(lm, host=host, port=port, transport=transport)
+        self.rapid, self.codec = rapid, codec
+
     def config(self, params: GenParams):
+        import dataclasses
+
         from tandem.protocols.rapid.config import RapidConfig
 
-        return RapidConfig(
-            temperature=params.temperature, seed=params.seed, max_new_tokens=params.max_tokens
-        )
+        return dataclasses.replace(
+            self.rapid or RapidConfig(), temperature=params.temperature, seed=params.seed,
+            max_new_tokens=params.max_tokens,
+        )  # fmt: skip
 
     def alone_prompt(self, prompt_ids: list[int], params: GenParams) -> list[int]:
         from tandem.protocols.rapid.prompts import drafter_prompt
@@ -125,7 +137,7 @@ class RapidBackend(CloudBackend):
         try:
             result = await device_generate(
                 channel, self.lm, params.context or "", params.question, config,
-                on_token=recorder,
+                on_token=recorder, **({"codec": self.codec} if self.codec else {}),
             )  # fmt: skip
         finally:
             await self._close(channel, info, "rapid done")

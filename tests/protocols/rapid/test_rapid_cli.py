@@ -52,3 +52,16 @@ def test_rapid_tasks_writes_jsonl(tmp_path):
     records = [json.loads(line) for line in path.read_text().splitlines()]
     assert {r["kind"] for r in records} == {"default", "name", "quote"}
     assert all(r["needle"] in r["context"] for r in records)
+
+
+def test_rapid_device_without_a_cloud_falls_back(tmp_path):
+    local = tmp_path / "notes.txt"
+    local.write_text("Backups run at 02:00 UTC. The deploy key rotates every Tuesday.")
+    args = ("rapid", "device", "-q", "When do backups run?", "--retrieve-from", str(local),
+            "--connect", "127.0.0.1:1", "--drafter", "tiny-qwen2", "--embedder", "hashing-64",
+            "--chunk-tokens", "128", "--min-tokens", "256", "-n", "6")  # fmt: skip
+    out = tandem(*args)
+    assert out.returncode == 0, out.stderr
+    assert "fell back at 0" in out.stdout and "cannot connect to 127.0.0.1:1" in out.stderr
+    out = tandem(*args, "--no-fallback")
+    assert out.returncode == 2 and out.stderr.startswith("error: cannot connect to 127.0.0.1:1")

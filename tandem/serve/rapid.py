@@ -3,12 +3,16 @@
 - `run_local`: retrieve, then RAPID (and, with `compare`, the LC and SD baselines on the same
   prefills) on one machine.
 - `serve_cloud` / `run_device`: the edge-cloud split over TCP (`tandem.transport`); the cloud
-  holds the long context, the device retrieves C^S from its own copy of the text.
+  holds the long context, the device retrieves C^S from its own copy of the text. The device
+  goes through the serving backend (`tandem.serve.api.retrieval.RapidBackend`), so a cloud
+  that is unreachable or lost mid-answer is a fallback: the drafter finishes alone from the
+  tokens already verified.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 from tandem.models.base import CausalLM
@@ -91,27 +95,37 @@ def run_device(
     retrieval: RetrievalConfig,
     embedder_name: str,
     codec: tuple[str, dict],
+    fallback: bool = True,
 ) -> dict[str, Any]:
     """Retrieve C^S from the device's own text, then draft for the cloud's target."""
-    from tandem.protocols.rapid.edge import device_generate
     from tandem.retrieval.embedder import load_embedder
-    from tandem.transport import TransportConfig, connect
+    from tandem.serve.api.backends import GenParams
+    from tandem.serve.api.retrieval import RapidBackend
+    from tandem.transport import TransportConfig
 
     retrieved = retrieve(
         local_text, question, drafter_lm.tokenizer, load_embedder(embedder_name), retrieval
     )
-
-    async def main() -> RapidResult:
-        transport = TransportConfig.for_model(drafter_lm, role="device", secret=secret)
-        channel = await connect(host, port, config=transport)
-        try:
-            return await device_generate(
-                channel, drafter_lm, retrieved.text, question, config, codec=codec
-            )
-        finally:
-            await channel.close()
-
-    result = asyncio.run(main())
-    row = summary(f"rapid-{config.mode} (edge)", result)
-    row.update(retrieved_tokens=retrieved.tokens, **result.extra)
+    transport = TransportConfig.for_model(drafter_lm, role="device", secret=secret)
+    backend = RapidBackend(drafter_lm, host=host, port=port, transport=transport, rapid=config,
+                           codec=codec)  # fmt: skip
+    backend.fallback = fallback
+    params = GenParams(max_tokens=config.max_new_tokens, temperature=config.temperature,
+                       seed=config.seed, question=question, context=retrieved.text)  # fmt: skip
+    start = time.perf_counter()
+    out = backend.generate([], params, lambda _token: None)
+    elapsed = time.perf_counter() - start
+    if out.report is not None:
+        row = summary(f"rapid-{config.mode} (edge)", out.report)
+        row.update(out.report.extra)
+    else:
+        row = {"method": f"rapid-{config.mode} (edge, fell back at {out.degraded_at})",
+               "tokens": len(out.tokens), "text": drafter_lm.tokenizer.decode(out.tokens),
+               "prefill_s": 0.0, "decode_s": round(elapsed, 3),
+               "tokens_per_s": round(len(out.tokens) / elapsed, 3) if elapsed > 0 else 0.0,
+               "acceptance": None,
+               "uplink_bytes": out.info.get("bytes_up", 0),
+               "downlink_bytes": out.info.get("bytes_down", 0),
+               "degraded_reason": out.degraded_reason}  # fmt: skip
+    row.update(retrieved_tokens=retrieved.tokens)
     return row
