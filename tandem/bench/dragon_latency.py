@@ -2,8 +2,9 @@
 latency) and Theorem 6.2 (predicted vs measured speedup over DRDG/TW).
 
 Setup (`tandem.baselines.dragon.testbed`): device and cloud are two processes in the
-project's network namespaces, one torch thread each, the same model on both sides (the
-paper uses one model on both), the demo's corpora (device: examples/private-notes, cloud:
+project's network namespaces, each pinned to its own cores (`--device-cpus`, `--cloud-cpus`;
+default device = core 0, cloud = core 1 on a 2-core box) with one engine thread per core
+(the JSON's `machines`), the same model on both sides (the paper uses one model on both), the demo's corpora (device: examples/private-notes, cloud:
 stdlib docstrings), top-2 documents per side, greedy, fixed output length (no EOS stop).
 For each extra one-way delay d (jitter d / 5, each direction, so RTT gains 2d) every method
 runs on every question, side by side; one short warm-up run per method is discarded.
@@ -21,7 +22,6 @@ DRAGON per-token (means over questions).
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 from pathlib import Path
@@ -30,7 +30,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from tandem.bench.report import new_figure, save_json, save_png
+from tandem.bench.report import Machines, new_figure, save_json, save_png
 from tandem.serve.dragon_demo import DEFAULT_QUESTION
 
 QUESTIONS = (
@@ -81,15 +81,20 @@ def sweep(bed, *, methods, delays, questions, tokens: int, console: Console) -> 
     return runs
 
 
+ISOLATION = "processes: device and cloud each pinned from start to their own set"
+
+
 def measure(
-    *, model, public, private, net_name, methods, delays, questions, tokens: int, console
+    *, model, public, private, net_name, methods, delays, questions, tokens: int, console, machines
 ) -> tuple[list[dict], dict]:
-    """Build both sides' indexes, start the testbed and `sweep`: (runs, network facts)."""
+    """Build both sides' indexes, start the testbed on `machines.cpus` and `sweep`: (runs,
+    network facts); what each side saw of itself goes to `machines.observed`."""
     from tandem.baselines.dragon.testbed import Testbed
 
     public_index, private_index = prepare_indexes(model, public, private)
     indexes = {"public_index": public_index, "private_index": private_index}
-    with Testbed(model=model, name=net_name, **indexes) as bed:
+    with Testbed(model=model, name=net_name, cpus=machines.cpus, **indexes) as bed:
+        machines.observed = bed.observed
         network = {
             "mode": bed.status.mode,
             "delay_path": bed.status.delay_path,
@@ -182,16 +187,21 @@ def run(
     private: str | None = None,
     methods: tuple[str, ...] = METHODS,
     net_name: str = "tandem-dbench",
+    cpus: dict[str, list[int]] | None = None,
 ) -> dict:
-    """Fig. 6 + Theorem 6.2: run, save dragon_latency.json / .png, print a table."""
+    """Fig. 6 + Theorem 6.2: run, save dragon_latency.json / .png, print a table. `cpus`:
+    each side's cores (default `tandem.testbed.cpus.role_cpus()`)."""
+    from tandem.testbed.cpus import role_cpus
+
     console = Console()
     delays = delays or ((0.0, 100.0) if quick else (0.0, 100.0, 200.0, 300.0))
     tokens = tokens or (8 if quick else 24)
     chosen = QUESTIONS[: questions or (1 if quick else len(QUESTIONS))]
-    started, load_before = time.perf_counter(), os.getloadavg()
+    started = time.perf_counter()
+    machines = Machines(cpus=cpus or role_cpus(), isolation=ISOLATION)
     runs, network = measure(
         model=model, public=public, private=private, net_name=net_name, methods=methods,
-        delays=delays, questions=chosen, tokens=tokens, console=console,
+        delays=delays, questions=chosen, tokens=tokens, console=console, machines=machines,
     )  # fmt: skip
     rows = [
         {
@@ -208,9 +218,7 @@ def run(
             "model": model, "both_sides_same_model": True, "network": network,
             "jitter": "delay / 5, uniform, each direction", "delays_ms": list(delays),
             "max_new_tokens": tokens, "questions": list(chosen), "docs_per_side": 2,
-            "torch_threads_per_process": 1, "temperature": 0.0, "quick": quick,
-            "wall_s": time.perf_counter() - started,
-            "load_average": {"before": load_before, "after": os.getloadavg()},
+            "temperature": 0.0, "quick": quick, "wall_s": time.perf_counter() - started,
             "per_token": "mean inter-token gap at the device; DRDG/SW: (answer - prefill) / n",
             "theorem": "S = Z_TW / Z_DRAGON; 1/S = 1 - a_r / (1 + c_r / rtt) if c_l <= c_r; "
             "1 - (1 - c_l / (c_r + rtt)) a_r if c_r < c_l <= c_r + rtt; else 1",
@@ -220,7 +228,7 @@ def run(
         "theorem_6_2": theory,
         "runs": runs,
     }  # fmt: skip
-    save_json(out, "dragon_latency", payload)
+    save_json(out, "dragon_latency", payload, machines=machines)
     _print(console, rows, theory, methods, delays)
     for line in headline:
         console.print(line)

@@ -346,18 +346,38 @@ QUESTIONS = (
 
 
 def record(
-    *, model: str, cloud_model: str, tokens: int, temperature: float, questions=QUESTIONS
+    *, model: str, cloud_model: str, tokens: int, temperature: float, questions=QUESTIONS, cpus=None
 ) -> dict:
     """Run DRAGON in memory (device: examples/private-notes, cloud: stdlib; two model
-    instances) and keep each run's acceptance trace and both sides' decode timings."""
+    instances, each side's model calls on its own cores: `cpus`, default
+    `tandem.testbed.cpus.role_cpus()`) and keep each run's acceptance trace and both sides'
+    decode timings, with the machines they were measured on."""
+    from tandem.bench.report import Machines
+    from tandem.models.registry import load_model
+    from tandem.testbed.cpus import role_cpus
+    from tandem.testbed.pinned import pinned
+
+    machines = Machines(
+        cpus=cpus or role_cpus(),
+        isolation="threads: each side's model calls on workers pinned to its set (one process)",
+        shared=["event loop, aggregation, codecs and the in-memory link (not pinned)"],
+    )
+    names = {DEVICE: model, CLOUD: cloud_model}
+    models = {side: load_model(names[side], threads=len(machines.cpus[side])) for side in SIDES}
+    with pinned(models, machines.cpus, machines.observed) as sides:
+        runs = _record_runs(sides[DEVICE], sides[CLOUD], tokens, temperature, questions)
+    return {"model": model, "cloud_model": cloud_model, "temperature": temperature,
+            "machines": machines.to_json(), "runs": runs}  # fmt: skip
+
+
+def _record_runs(device_lm, cloud_lm, tokens: int, temperature: float, questions) -> list[dict]:
     import asyncio
 
-    from tandem.models.registry import load_model, load_tokenizer
+    from tandem.models.registry import load_tokenizer
     from tandem.protocols.dragon import DragonConfig, Knowledge, run_pair
     from tandem.serve.dragon_demo import default_private_corpus
     from tandem.serve.dragon_session import ensure_index
 
-    device_lm, cloud_lm = load_model(model), load_model(cloud_model)
     names = {DEVICE: str(default_private_corpus()), CLOUD: "stdlib"}
     indexer = "qwen2.5-coder-0.5b"  # the cached indexes (chunk text only; rows re-encode it)
     knowledge = {}
@@ -382,7 +402,7 @@ def record(
                 "mean_per_token_s": device.mean_per_token_s,
             }
         )
-    return {"model": model, "cloud_model": cloud_model, "temperature": temperature, "runs": runs}
+    return runs
 
 
 def load_recording(recording: dict, *, skip_first: int = 1) -> tuple[list[Trace], DecodeTimes]:
@@ -516,6 +536,7 @@ def run(*, recording: dict, config: SchedConfig, out, name: str = "dragon_sched"
             "acceptance_rate": rates,
             "decode_mean_s": {s: float(decode.samples[s].mean()) for s in SIDES},
             "decode_std_s": {s: float(decode.samples[s].std()) for s in SIDES},
+            "machines": recording.get("machines"),  # where the decode times were measured
         },  # fmt: skip
         "network": "RTT(t) = 2 ms + extra + extra/5 sin(2 pi t / (20 pi s) + phase) + N(0, "
         "max(2 ms, extra/25)) per 100 ms; one-way = RTT/2; phase uniform per trace",

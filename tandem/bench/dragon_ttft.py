@@ -1,7 +1,8 @@
 """`tandem bench dragon ttft`: DRAGON paper Fig. 7, time to first token vs extra latency.
 
 Same testbed, corpora, questions and delays as `tandem.bench.dragon_latency` (two processes
-in the project's namespaces, one torch thread each, same model both sides). Methods: DRCG/Text
+in the project's namespaces, each on its own cores with one engine thread per core, same model
+both sides). Methods: DRCG/Text
 (the cloud's document texts cross the network, the device prefills everything), DRCG/KV (the
 KV cache of the cloud's documents crosses the network), DRAGON, CRCG/Device and CRCG/Cloud.
 TTFT counts from the device's first action (retrieval, or the start message) to the first
@@ -13,15 +14,14 @@ does; a context-aggregation side reuses the KV of its own leading block of docum
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from tandem.bench.dragon_latency import LABELS, QUESTIONS, mean_of, measure
-from tandem.bench.report import new_figure, save_json, save_png
+from tandem.bench.dragon_latency import ISOLATION, LABELS, QUESTIONS, mean_of, measure
+from tandem.bench.report import Machines, new_figure, save_json, save_png
 
 METHODS = ("drcg-text", "drcg-kv", "dragon", "crcg-device", "crcg-cloud")
 
@@ -37,15 +37,20 @@ def run(
     private: str | None = None,
     methods: tuple[str, ...] = METHODS,
     net_name: str = "tandem-dbench",
+    cpus: dict[str, list[int]] | None = None,
 ) -> dict:
-    """Fig. 7: run, save dragon_ttft.json / .png, print a table."""
+    """Fig. 7: run, save dragon_ttft.json / .png, print a table. `cpus`: each side's cores
+    (default `tandem.testbed.cpus.role_cpus()`)."""
+    from tandem.testbed.cpus import role_cpus
+
     console = Console()
     delays = delays or ((0.0, 100.0) if quick else (0.0, 100.0, 200.0, 300.0))
     chosen = QUESTIONS[: questions or (1 if quick else len(QUESTIONS))]
-    started, load_before = time.perf_counter(), os.getloadavg()
+    started = time.perf_counter()
+    machines = Machines(cpus=cpus or role_cpus(), isolation=ISOLATION)
     runs, network = measure(
         model=model, public=public, private=private, net_name=net_name, methods=methods,
-        delays=delays, questions=chosen, tokens=2, console=console,
+        delays=delays, questions=chosen, tokens=2, console=console, machines=machines,
     )  # fmt: skip
     rows = []
     for delay in delays:
@@ -63,16 +68,15 @@ def run(
         "setup": {
             "model": model, "network": network, "delays_ms": list(delays),
             "jitter": "delay / 5, uniform, each direction", "questions": list(chosen),
-            "docs_per_side": 2, "torch_threads_per_process": 1, "quick": quick,
+            "docs_per_side": 2, "quick": quick,
             "ttft": "device's first action -> first token known at the device",
             "wall_s": time.perf_counter() - started,
-            "load_average": {"before": load_before, "after": os.getloadavg()},
         },
         "headline": headline,
         "table": rows,
         "runs": runs,
     }  # fmt: skip
-    save_json(out, "dragon_ttft", payload)
+    save_json(out, "dragon_ttft", payload, machines=machines)
     _print(console, rows, methods, delays)
     for line in headline:
         console.print(line)

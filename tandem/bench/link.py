@@ -15,7 +15,10 @@ Three measurements, all in one run:
 
 (b) and (c) use the namespaces (`tandem net`, network name `tandem-bench`) when root,
 else the proxy on loopback; the JSON records which (`link_path`) and what gave the delay
-(`delay_path`: proxy or netem). Warm-ups are discarded; medians are reported.
+(`delay_path`: proxy or netem). Their probe server and client are processes on the cloud's
+and the device's cores (`--device-cpus`, `--cloud-cpus`); (a) runs both ends in this one,
+unpinned process (it measures the software floor, not two machines). Warm-ups are
+discarded; medians are reported.
 """
 
 from __future__ import annotations
@@ -30,8 +33,15 @@ import sys
 import time
 from pathlib import Path
 
+from tandem.bench.report import Machines, save_json
 from tandem.errors import TandemError
-from tandem.transport.netns import NetConfig, net_down, net_up, netns_unavailable_reason
+from tandem.transport.netns import (
+    NetConfig,
+    net_down,
+    net_up,
+    netns_unavailable_reason,
+    side_argv,
+)
 from tandem.transport.proxy import DelayProxy, ProxyConfig
 
 BENCH_NET = "tandem-bench"
@@ -184,9 +194,10 @@ def measure_latency(count: int, warmup: int = 50, rounds: int = 5) -> dict:
 class _Link:
     """The emulated link under test: `tandem net` (namespaces or loopback) plus a probe server."""
 
-    def __init__(self, mode: str, state_dir: Path) -> None:
+    def __init__(self, mode: str, state_dir: Path, cpus: dict[str, list[int]]) -> None:
         self.mode = mode
         self.state_dir = state_dir
+        self.cpus = {f"{side}_cpus": tuple(cores) for side, cores in cpus.items()}
         self.server: subprocess.Popen | None = None
         self.status = None
         if mode == "loopback":
@@ -195,12 +206,14 @@ class _Link:
             self.ports = {}
 
     def configure(self, **link) -> None:
-        self.status = net_up(NetConfig(name=BENCH_NET, mode=self.mode, **self.ports, **link))
+        config = NetConfig(name=BENCH_NET, mode=self.mode, **self.ports, **self.cpus, **link)
+        self.status = net_up(config)
         if self.server is None:
             ready = self.state_dir / f"{BENCH_NET}.probe.ready"
             ready.unlink(missing_ok=True)
-            argv = [*self._prefix("cloud"), sys.executable, "-m", "tandem.transport.probe"]
+            argv = [sys.executable, "-m", "tandem.transport.probe"]
             argv += ["serve", "--listen", self.status.service, "--ready-file", str(ready)]
+            argv = side_argv(self.status, "cloud", argv)
             self.server = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
             deadline = time.monotonic() + 20
             while not ready.exists():
@@ -208,15 +221,11 @@ class _Link:
                     raise RuntimeError("link bench: the probe server did not start")
                 time.sleep(0.02)
 
-    def _prefix(self, side: str) -> list[str]:
-        if self.status is None or self.status.mode == "loopback":
-            return []
-        return ["ip", "netns", "exec", self.status.namespaces[side]]
-
     def measure(self, *, pings: int, upload_bytes: int = 0, download_bytes: int = 0) -> dict:
-        argv = [*self._prefix("device"), sys.executable, "-m", "tandem.transport.probe"]
+        argv = [sys.executable, "-m", "tandem.transport.probe"]
         argv += ["measure", "--connect", self.status.connect, "--pings", str(pings)]
         argv += ["--upload-bytes", str(upload_bytes), "--download-bytes", str(download_bytes)]
+        argv = side_argv(self.status, "device", argv)
         done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
         if done.returncode != 0:
             raise RuntimeError(f"link bench: probe failed: {done.stderr.strip()[-300:]}")
@@ -372,13 +381,25 @@ def _print_tables(result: dict) -> None:
     console.print(table)
 
 
-def run(out: Path = Path("bench/results"), quick: bool = False, path: str = "auto") -> dict:
+def run(
+    out: Path = Path("bench/results"),
+    quick: bool = False,
+    path: str = "auto",
+    cpus: dict[str, list[int]] | None = None,
+) -> dict:
     """Run (a), (b), (c); save `link.json` and `link.png` under `out`; return the result.
 
-    `path`: "auto" (namespaces when root, else loopback), "netns" or "loopback".
+    `path`: "auto" (namespaces when root, else loopback), "netns" or "loopback". `cpus`: the
+    cores of the probe's two ends (default `tandem.testbed.cpus.role_cpus()`).
     """
+    from tandem.testbed.cpus import role_cpus
     from tandem.transport.netns import state_dir
 
+    machines = Machines(
+        cpus=cpus or role_cpus(),
+        isolation="processes for (b) and (c): probe server and client pinned from start",
+        shared=["(a): both ends of the latency floor in this process (not pinned)"],
+    )
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     if path not in ("auto", "netns", "loopback"):
@@ -389,7 +410,7 @@ def run(out: Path = Path("bench/results"), quick: bool = False, path: str = "aut
     latency = measure_latency(count=300 if quick else 2000, warmup=50)
     state = state_dir()
     state.mkdir(parents=True, exist_ok=True)
-    link = _Link(path, state)
+    link = _Link(path, state, machines.cpus)
     try:
         delays = measure_delay(link, [0, 50, 100, 300], [0, 10], pings=5 if quick else 10)
         link_status = link.status
@@ -410,7 +431,7 @@ def run(out: Path = Path("bench/results"), quick: bool = False, path: str = "aut
         "rate_link_delay_ms": 10,
         "seconds": time.perf_counter() - started,
     }
-    (out / "link.json").write_text(json.dumps(result, indent=1))
+    save_json(out, "link", result, machines=machines)
     _plot(result, out / "link.png")
     _print_tables(result)
     return result

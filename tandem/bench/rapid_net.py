@@ -4,15 +4,18 @@
 and the long-context target (with C) is the cloud, over `tandem.protocols.rapid.edge`: one
 VerifyRequest / VerifyResult round trip per drafted block (gamma drafts, top-k 64 draft laws
 up). The two sides run in one process, joined by `memory_pair` through the in-process link
-emulator (delay RTT/2 each way, `rate_mbit` each way), model work in worker threads; both use
-the same Qwen2.5-Coder-0.5B weights (self-speculation) on this shared CPU.
+emulator (delay RTT/2 each way, `rate_mbit` each way); each side has its own instance of the
+same Qwen2.5-Coder-0.5B weights (self-speculation) whose calls run on that side's cores
+(`tandem.testbed.pinned`: `--device-cpus`, `--cloud-cpus`, one engine thread per core). The
+event loop, sampling, codecs and the link emulator are not pinned (the JSON's `machines`).
 
 Methods, side by side at each RTT, on the `quote` tasks of the offline long-context set
 (`tandem.protocols.rapid.tasks`, long answers):
   rapid-edge   device drafts on C^S, cloud verifies on C (exact mode, eta, T = 0.1)
   lc-cloud     the cloud generates on C and streams every token (the device sends the prompt;
                `tandem.baselines.spec_baselines` cloud AR): what a device without a model gets
-Once, as references without a network: `rapid-local` (both in one engine) and `lc-local`.
+Once, as references without a network, on the device's cores: `rapid-local` (both in one
+engine) and `lc-local`.
 Decode throughput = tokens after the first / time after the first token (TTFT excluded, as the
 paper's speedup); e2e = tokens / total time. A short warm-up generation first, discarded.
 """
@@ -20,32 +23,34 @@ paper's speedup); e2e = tokens / total time. A short warm-up generation first, d
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from tandem.bench.report import new_figure, save_json, save_png
+from tandem.bench.report import Machines, new_figure, save_json, save_png
 from tandem.errors import TandemError
 from tandem.transport import LinkConfig, memory_pair
 
+ISOLATION = "threads: each side's model calls on workers pinned to its set (one process)"
+SHARED = ["event loop, sampling, codecs and the in-process link emulator (not pinned)"]
 
-async def _edge(lm, task, retrieved: str, config, link: LinkConfig):
+
+async def _edge(device_lm, cloud_lm, task, retrieved: str, config, link: LinkConfig):
     from tandem.protocols.rapid.edge import cloud_session, device_generate
 
     device_channel, cloud_channel = memory_pair(link=link)
-    cloud = asyncio.create_task(cloud_session(cloud_channel, lm, task.context))
+    cloud = asyncio.create_task(cloud_session(cloud_channel, cloud_lm, task.context))
     try:
-        return await device_generate(device_channel, lm, retrieved, task.question, config)
+        return await device_generate(device_channel, device_lm, retrieved, task.question, config)
     finally:
         await device_channel.close()
         await asyncio.wait_for(cloud, 60)
         await cloud_channel.close()
 
 
-def _lc_cloud(lm, prompt_ids: list[int], config, rtt_ms: float, rate_mbit: float):
+def _lc_cloud(device_lm, cloud_lm, prompt_ids: list[int], config, rtt_ms: float, rate_mbit):
     """The cloud generates on C and streams every token: `tandem bench spec`'s cloud AR."""
     from tandem.bench.spec import run_method
     from tandem.protocols.spec import SpecConfig
@@ -57,7 +62,7 @@ def _lc_cloud(lm, prompt_ids: list[int], config, rtt_ms: float, rate_mbit: float
         stop_at_eos=config.stop_at_eos,
     )
     return run_method(
-        "cloud-ar", device_lm=lm, cloud_lm=lm, prompt_ids=prompt_ids, rtt_ms=rtt_ms,
+        "cloud-ar", device_lm=device_lm, cloud_lm=cloud_lm, prompt_ids=prompt_ids, rtt_ms=rtt_ms,
         config=spec, rate_mbit=rate_mbit,
     )  # fmt: skip
 
@@ -116,12 +121,40 @@ def run(
     eta: float = 10.0,
     rate_mbit: float = 100.0,
     model: str = "qwen2.5-coder-0.5b",
+    cpus: dict[str, list[int]] | None = None,
 ) -> dict:
-    """Run the bench (module docstring); save rapid_net.json / .png."""
+    """Run the bench (module docstring); save rapid_net.json / .png. `cpus`: each side's cores
+    (default `tandem.testbed.cpus.role_cpus()`)."""
     import torch
 
-    from tandem.baselines.rapid_baselines import lc
     from tandem.models.registry import load_model
+    from tandem.testbed.cpus import role_cpus
+    from tandem.testbed.pinned import pinned
+
+    torch.set_num_threads(1)
+    machines = Machines(cpus=cpus or role_cpus(), isolation=ISOLATION, shared=SHARED)
+    models = {
+        role: load_model(model, progress=False, threads=len(cores))
+        for role, cores in machines.cpus.items()
+    }
+    with pinned(models, machines.cpus, machines.observed) as sides:
+        payload = _measure(
+            sides["device"], sides["cloud"], rtts=rtts, context_tokens=context_tokens,
+            num_tasks=num_tasks, max_new_tokens=max_new_tokens, gamma=gamma, eta=eta,
+            rate_mbit=rate_mbit, model=model,
+        )  # fmt: skip
+    save_json(out, "rapid_net", payload, machines=machines)
+    _print(Console(), payload["table"])
+    _plot(out, payload["table"])
+    return payload
+
+
+def _measure(
+    device_lm, cloud_lm, *, rtts, context_tokens, num_tasks, max_new_tokens, gamma, eta,
+    rate_mbit, model,
+) -> dict:  # fmt: skip
+    """Every method on every task at every RTT: the payload of rapid_net.json."""
+    from tandem.baselines.rapid_baselines import lc
     from tandem.protocols.rapid.config import RapidConfig, RetrievalConfig
     from tandem.protocols.rapid.engine import rapid
     from tandem.protocols.rapid.prompts import drafter_prompt, target_prompt
@@ -130,9 +163,8 @@ def run(
     from tandem.protocols.rapid.tasks import build_tasks
     from tandem.retrieval.embedder import load_embedder
 
-    torch.set_num_threads(1)
     console = Console()
-    lm = load_model(model, progress=False)
+    lm = device_lm  # the tokenizer, and the engine of the local references
     embedder = load_embedder("all-minilm-l6-v2")
     retrieval = RetrievalConfig(chunk_tokens=256, min_tokens=512)  # as `tandem bench rapid`
     config = RapidConfig(gamma=gamma, eta=eta, temperature=0.1, max_new_tokens=max_new_tokens)
@@ -141,13 +173,13 @@ def run(
     )
     if not tasks:
         raise TandemError(f"no quote task fits a {context_tokens}-token context; ask for more")
-    rows, started, load = [], time.perf_counter(), {"before": os.getloadavg()}
+    rows, started = [], time.perf_counter()
     warm = RapidConfig(gamma=gamma, eta=eta, temperature=0.1, max_new_tokens=3)
     for index, task in enumerate(tasks):
         retrieved = retrieve(task.context, task.question, lm.tokenizer, embedder, retrieval).text
         target_ids = target_prompt(lm.tokenizer, task.context, task.question)
-        if index == 0:
-            asyncio.run(_edge(lm, task, retrieved, warm, LinkConfig()))  # warm-up, discarded
+        if index == 0:  # warm-up, discarded
+            asyncio.run(_edge(device_lm, cloud_lm, task, retrieved, warm, LinkConfig()))
         target = Prefilled(lm, target_ids)
         drafter = Prefilled(lm, drafter_prompt(lm.tokenizer, retrieved, task.question))
         for method, result in (("rapid-local", rapid(target, drafter, config)),
@@ -155,32 +187,26 @@ def run(
             rows.append(edge_row(method, -1.0, task, result))
         for rtt in rtts:
             link = LinkConfig(delay_ms=rtt / 2, rate_mbit=rate_mbit)
-            rows.append(edge_row("rapid-edge", rtt, task,
-                                 asyncio.run(_edge(lm, task, retrieved, config, link))))  # fmt: skip
-            lc_cloud = _lc_cloud(lm, target_ids, config, rtt, rate_mbit)
+            edge = _edge(device_lm, cloud_lm, task, retrieved, config, link)
+            rows.append(edge_row("rapid-edge", rtt, task, asyncio.run(edge)))
+            lc_cloud = _lc_cloud(device_lm, cloud_lm, target_ids, config, rtt, rate_mbit)
             rows.append(ar_row(rtt, task, asyncio.run(lc_cloud)))
             console.log(
                 f"{task.task_id} RTT {rtt:.0f} ms: rapid-edge "
                 f"{rows[-2]['tokens'] / rows[-2]['total_s']:.2f} tok/s, lc-cloud "
                 f"{rows[-1]['tokens'] / rows[-1]['total_s']:.2f} tok/s (e2e)"
             )
-    table = aggregate(rows)
-    payload = {
+    return {
         "setup": {
             "model": model, "context_tokens": context_tokens, "tasks": [t.task_id for t in tasks],
             "gamma": gamma, "eta": eta, "temperature": 0.1, "mode": "exact",
             "max_new_tokens": max_new_tokens, "codec": "top-k 64",
             "link": f"in-process LinkConfig emulator, delay RTT/2 each way, {rate_mbit} Mbit/s",
             "wall_s": time.perf_counter() - started,
-            "load_average": {**load, "after": os.getloadavg()},
         },
-        "table": table,
+        "table": aggregate(rows),
         "rows": rows,
     }  # fmt: skip
-    save_json(out, "rapid_net", payload)
-    _print(console, table)
-    _plot(out, table)
-    return payload
 
 
 def _print(console: Console, table_rows: list[dict]) -> None:

@@ -7,8 +7,10 @@ directions. For each concurrency N the two cloud variants are measured side by s
 off (each session's verification is its own forward pass) then on, alternated `repeats` times
 (medians reported, raw totals kept) (`VerifyBatcher`, window
 `batch_window_ms`), each after one discarded warm-up session on a fresh cloud. The device
-models run in the same process, on the same cores, as the cloud model (drafting time is
-part of every number; on a GPU server the cloud would not share them).
+models run in the same process as the cloud model, but every model call runs on its side's
+cores (`tandem.testbed.pinned`; `--device-cpus`, `--cloud-cpus`, one engine thread per core):
+all N devices share the device's set (drafting time is part of every number), the cloud has
+its own; the event loop, sampling, codecs and the loopback sockets are not pinned.
 
 Measures per (N, variant): total tokens/s = all sessions' tokens / wall time from the first
 start to the last end; per-session tokens/s (mean of tokens / the session's own time);
@@ -21,7 +23,8 @@ bottleneck, which hides what batching does for the cloud. So the cloud's verific
 is also measured on its own (`verify_capacity`): B single-row states (contexts of 48-80 tokens,
 blocks of 5 tokens) verified as B separate forward passes vs one `run_batch` (stack, one pass,
 split, crop: the copies included; a batch of one is the row's own pass, as in the batcher),
-alternated, median of 2 x `repeats` timed rounds after two warm-up rounds.
+alternated, median of 2 x `repeats` timed rounds after two warm-up rounds, all on one of the
+cloud's pinned workers.
 """
 
 from __future__ import annotations
@@ -136,23 +139,54 @@ def run(
     batch_window_ms: float,
     pipeline: str,
     codec: str,
-    threads: int,
     out: Path,
     repeats: int = 1,
     name: str = "serve_load",
+    cpus: dict[str, list[int]] | None = None,
 ) -> dict[str, Any]:
+    """Run the bench (module docstring); save NAME.json / .png. `cpus`: each side's cores
+    (default `tandem.testbed.cpus.role_cpus()`)."""
     import torch
-    from rich.progress import Progress
 
-    from tandem.bench.report import save_json
+    from tandem.bench.report import Machines, save_json
     from tandem.models.registry import load_model
+    from tandem.testbed.cpus import role_cpus
+    from tandem.testbed.pinned import pinned
 
-    torch.set_num_threads(threads)
-    device_lm, cloud_lm = load_model(device_model), load_model(cloud_model)
+    machines = Machines(
+        cpus=cpus or role_cpus(),
+        isolation="threads: each side's model calls on workers pinned to its set (one process)",
+        shared=["event loop, sampling, codecs and loopback sockets of all sessions (not pinned)"],
+    )
+    torch.set_num_threads(min(map(len, machines.cpus.values())))  # the unpinned protocol work
+    models = {
+        role: load_model(name_, threads=len(machines.cpus[role]))
+        for role, name_ in (("device", device_model), ("cloud", cloud_model))
+    }
     settings = {
         "tokens": tokens, "delay_ms": delay_ms, "batch_window_ms": batch_window_ms,
         "pipeline": pipeline, "codec": codec,
     }  # fmt: skip
+    with pinned(models, machines.cpus, machines.observed) as sides:
+        points, capacity = _measure(sides["device"], sides["cloud"], sessions, repeats, settings)
+    payload = {
+        "method": __doc__.split("Method.", 1)[1].split("Measures", 1)[0].strip(),
+        "device_model": device_model,
+        "cloud_model": cloud_model,
+        "repeats": repeats,
+        **settings,
+        "points": points,
+        "verify_capacity": capacity,
+    }
+    save_json(out, name, payload, machines=machines)
+    plot(payload, out, name)
+    return payload
+
+
+def _measure(device_lm, cloud_lm, sessions: list[int], repeats: int, settings: dict):
+    """(points, capacity): every concurrency with batching off and on, then the cloud alone."""
+    from rich.progress import Progress
+
     points = []
     with Progress() as progress:
         task = progress.add_task("serve load", total=2 * len(sessions) * repeats)
@@ -181,20 +215,7 @@ def run(
             points.extend([off, on])
     for point in points:
         point.pop("outputs")
-    capacity = verify_capacity(cloud_lm, sorted(set(sessions)), repeats=repeats)
-    payload = {
-        "method": __doc__.split("Method.", 1)[1].split("Measures", 1)[0].strip(),
-        "device_model": device_model,
-        "cloud_model": cloud_model,
-        "threads": threads,
-        "repeats": repeats,
-        **settings,
-        "points": points,
-        "verify_capacity": capacity,
-    }
-    save_json(out, name, payload)
-    plot(payload, out, name)
-    return payload
+    return points, cloud_lm.run(verify_capacity, sorted(set(sessions)), repeats=repeats)
 
 
 def _separate_passes(lm, states: list, blocks: list[list[int]]) -> None:

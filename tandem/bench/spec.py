@@ -1,8 +1,11 @@
 """`tandem bench spec`: edge-cloud speculative decoding, PicoSpec's and SQS-SD's experiments.
 
 What runs (all in one process: device and cloud sessions joined by `memory_pair` through the
-in-process link emulator, `LinkConfig(delay_ms = RTT / 2 each way, rate_mbit)`; model work in
-worker threads, one torch thread each, so drafting and verifying really overlap on 2 cores):
+in-process link emulator, `LinkConfig(delay_ms = RTT / 2 each way, rate_mbit)`; each side's
+model calls run on workers pinned to that side's cores, `tandem.testbed.pinned`, one engine
+thread per core (`--device-cpus`, `--cloud-cpus`; device = core 0, cloud = core 1 on a 2-core
+box), so drafting and verifying really overlap; the event loop, sampling, codecs and the link
+emulator are not pinned):
 
 1. PicoSpec Table 1/2: throughput, TTFT, TPOT, T_draft, T_verify, acceptance and bytes of
    cloud autoregressive decoding, vanilla (stop-and-wait, dense) SD, PicoSpec (async, fast
@@ -30,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import os
 import statistics
 import time
 import warnings
@@ -40,7 +42,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tandem.bench import spec_sqs
-from tandem.bench.report import new_figure, save_json, save_png
+from tandem.bench.report import Machines, new_figure, save_json, save_png
 from tandem.protocols.spec import SpecConfig, run_pair, theory
 from tandem.transport import LinkConfig, memory_pair
 
@@ -71,35 +73,46 @@ SQS_UPLINK_MBIT = 1.0
 SQS_BUDGET_BITS = 5000  # SQS-SD's B
 
 
-def load_models(regime: str, cache: dict):
-    """(device, cloud) models of a regime; loaded models are kept in `cache` by name."""
+ISOLATION = "threads: each side's model calls on workers pinned to its set (one process)"
+SHARED = ["event loop, sampling, codecs and the in-process link emulator (not pinned)"]
+
+
+def load_models(regime: str, cache: dict, cpus: dict[str, list[int]]):
+    """(device, cloud) models of a regime, each pinned to its side's cores (`PinnedModel`;
+    one instance per side even when both sides use the same model); kept in `cache` by
+    (side, name)."""
     from tandem.models.registry import load_model
+    from tandem.testbed.cpus import ROLES
+    from tandem.testbed.pinned import PinnedModel
 
-    def get(name: str):
-        if name not in cache:
-            if name.startswith("emulated-"):
-                from tandem.bench.spec_emulated import paper_pair
+    def get(role: str, name: str):
+        if (role, name) in cache:
+            return cache[(role, name)]
+        if name.startswith("emulated-"):  # both made at once (the draft mixes the target's law)
+            from tandem.bench.spec_emulated import paper_pair
 
-                high = name.endswith("-high")
-                draft, target = paper_pair(0.95 if high else 0.8, "-high" if high else "")
-                cache[draft.name], cache[target.name] = draft, target
-            elif name.endswith("-int8"):
-                import torch
+            high = name.endswith("-high")
+            pair = paper_pair(0.95 if high else 0.8, "-high" if high else "")
+            for side, lm in zip(ROLES, pair, strict=True):
+                cache[(side, lm.name)] = PinnedModel(lm, cpus[side], role=side)
+            return cache[(role, name)]
+        if name.endswith("-int8"):
+            import torch
 
-                lm = load_model(name.removesuffix("-int8"), progress=False, backend="hf")
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    torch.ao.quantization.quantize_dynamic(
-                        lm.model.model, {torch.nn.Linear}, dtype=torch.qint8, inplace=True
-                    )
-                lm.name = name
-                cache[name] = lm
-            else:
-                cache[name] = load_model(name, progress=False)
-        return cache[name]
+            lm = load_model(name.removesuffix("-int8"), progress=False, backend="hf")
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                torch.ao.quantization.quantize_dynamic(
+                    lm.model.model, {torch.nn.Linear}, dtype=torch.qint8, inplace=True
+                )
+            lm.name = name
+        else:
+            lm = load_model(name, progress=False, threads=len(cpus[role]))
+        cache[(role, name)] = PinnedModel(lm, cpus[role], role=role)
+        return cache[(role, name)]
 
     device_name, cloud_name = REGIMES[regime]
-    return get(device_name), get(cloud_name)
+    return get("device", device_name), get("cloud", cloud_name)
 
 
 async def run_method(method, *, device_lm, cloud_lm, prompt_ids, rtt_ms, config, rate_mbit):
@@ -175,23 +188,28 @@ def run(
     draft_len: int = 4,
     rate_mbit: float = 100.0,
     sqs: bool = True,
+    cpus: dict[str, list[int]] | None = None,
 ) -> dict:
-    """Run every part (see the module docstring), save spec.json / spec.png, print tables."""
+    """Run every part (see the module docstring), save spec.json / spec.png, print tables.
+    `cpus`: each side's cores (default `tandem.testbed.cpus.role_cpus()`)."""
     import torch
+
+    from tandem.testbed.cpus import role_cpus
 
     torch.set_num_threads(1)
     console = Console()
+    machines = Machines(cpus=cpus or role_cpus(), isolation=ISOLATION, shared=SHARED)
     prompts = PROMPTS[: num_prompts or (1 if quick else len(PROMPTS))]
     n = max_new_tokens or (12 if quick else 32)
     config = SpecConfig(temperature=0.0, max_new_tokens=n, stop_at_eos=False, draft_len=draft_len)
     models: dict = {}
     rows, runs, sqs_rows, lengths, sep_tv = [], [], [], [], []
     started = time.perf_counter()
-    load = {"before": os.getloadavg()}
     lengths_regime = next((r for r in ("emulated", "emulated-high") if r in regimes), regimes[0])
     sqs_regime = next((r for r in ("cpu", "fast-cloud", "tiny") if r in regimes), None)
     for regime in regimes:
-        device_lm, cloud_lm = load_models(regime, models)
+        device_lm, cloud_lm = load_models(regime, models, machines.cpus)
+        machines.observed[regime] = {"device": device_lm.observed(), "cloud": cloud_lm.observed()}
         prompt_ids = [device_lm.tokenizer.encode(p) for p in prompts]
         warm = SpecConfig(**{**config.to_json(), "max_new_tokens": 4})
         for method in ("cloud-ar", "picospec"):  # warm-up, discarded
@@ -226,12 +244,11 @@ def run(
             )
         if sqs and regime == sqs_regime:
             sqs_rows = _sqs(device_lm, cloud_lm, prompt_ids, regime_runs, rtts, console, sep_tv)
-        for name in REGIMES[regime]:  # free what the next regimes do not use (1.5B: ~7 GB)
-            if all(name not in REGIMES[later] for later in regimes[regimes.index(regime) + 1 :]):
-                models.pop(name, None)
+        later = {name for r in regimes[regimes.index(regime) + 1 :] for name in REGIMES[r]}
+        for key in [key for key in models if key[1] not in later]:  # free (1.5B: ~7 GB)
+            models.pop(key).close()
         del device_lm, cloud_lm
         gc.collect()
-    load["after"] = os.getloadavg()
     theory_rows = [p for r in rows if (p := predicted(r, rate_mbit, draft_len))]
     headline = _headline(rows, regimes, rtts)
     payload = {
@@ -242,7 +259,6 @@ def run(
             "draft_len": draft_len,
             "temperature": 0.0,
             "regimes": {r: REGIMES[r] for r in regimes},
-            "load_average": load,
             "wall_s": time.perf_counter() - started,
         },
         "headline": headline,
@@ -254,7 +270,7 @@ def run(
         "theory": theory_rows,
         "runs": runs,
     }
-    save_json(out, "spec", payload)
+    save_json(out, "spec", payload, machines=machines)
     _print(console, rows, lengths, sqs_rows, sep_tv, theory_rows, rtts, regimes, methods)
     for line in headline:
         console.print(line)

@@ -9,8 +9,11 @@ each prompt, the methods run side by side: cloud autoregressive, stop-and-wait (
 PicoSpec's async pipeline, both with separate rejection, greedy. The device's JSON report
 (`--json`) gives the numbers: throughput = tokens / total time (TTFT included).
 
-Both models share this machine's CPU (one torch thread each), as in the `cpu` regime of
-`tandem bench spec`: the cloud (1.5B) is ~3x slower per token than the device (0.5B).
+Each side runs on its own cores (`--device-cpus`, `--cloud-cpus`; default device = core 0,
+cloud = core 1 on a 2-core box), pinned from its start (`tandem.transport.netns.side_argv`),
+with `--threads` = the cores it owns; the JSON's `machines` records the sets and the cloud
+process's affinity as the kernel reports it. As in the `cpu` regime of `tandem bench spec`,
+the cloud (1.5B) is ~3x slower per token than the device (0.5B).
 """
 
 from __future__ import annotations
@@ -27,10 +30,16 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from tandem.bench.report import new_figure, save_json, save_png
+from tandem.bench.report import Machines, new_figure, save_json, save_png
 from tandem.bench.spec import PROMPTS
 from tandem.errors import TandemError
-from tandem.transport.netns import NetConfig, net_down, net_up, netns_unavailable_reason
+from tandem.transport.netns import (
+    NetConfig,
+    net_down,
+    net_up,
+    netns_unavailable_reason,
+    side_argv,
+)
 
 NET_NAME = "tandem-specb"
 SECRET = "spec-net-bench"
@@ -56,37 +65,41 @@ def _free_port() -> int:
 class _Net:
     """`tandem net` with the cloud service running inside it."""
 
-    def __init__(self, mode: str, cloud_model: str, log: Path) -> None:
-        self.mode, self.cloud_model, self.log = mode, cloud_model, log
+    def __init__(self, mode: str, cloud_model: str, log: Path, cpus: dict[str, list[int]]):
+        self.mode, self.cloud_model, self.log, self.cpus = mode, cloud_model, log, cpus
         self.ports = {} if mode == "netns" else {"service_port": _free_port(),
                                                   "proxy_port": _free_port()}  # fmt: skip
         self.status = None
         self.cloud: subprocess.Popen | None = None
 
-    def prefix(self, side: str) -> list[str]:
-        if self.status is None or self.status.mode == "loopback":
-            return []
-        return ["ip", "netns", "exec", self.status.namespaces[side]]
-
     def configure(self, rtt_ms: float, rate_mbit: float) -> None:
         config = NetConfig(
-            name=NET_NAME, mode=self.mode, delay_ms=rtt_ms / 2, rate_mbit=rate_mbit, **self.ports
-        )
+            name=NET_NAME, mode=self.mode, delay_ms=rtt_ms / 2, rate_mbit=rate_mbit,
+            device_cpus=tuple(self.cpus["device"]), cloud_cpus=tuple(self.cpus["cloud"]),
+            **self.ports,
+        )  # fmt: skip
         self.status = net_up(config)  # reconfigures in place; the cloud keeps running
         if self.cloud is None:
-            argv = [*self.prefix("cloud"), *tandem_argv("cloud", "serve")]
+            argv = tandem_argv("cloud", "serve", "--threads", str(len(self.cpus["cloud"])))
             argv += ["--model", self.cloud_model, "--listen", self.status.service]
             argv += ["--secret", SECRET, "--mode", "spec", "--mode", "ar"]
             with self.log.open("ab") as sink:
                 self.cloud = subprocess.Popen(
-                    argv, stdin=subprocess.DEVNULL, stdout=sink, stderr=sink
-                )
+                    side_argv(self.status, "cloud", argv), stdin=subprocess.DEVNULL,
+                    stdout=sink, stderr=sink,
+                )  # fmt: skip
+
+    def cloud_affinity(self) -> list[int]:
+        """The cloud process's cpu set, as the kernel reports it."""
+        return sorted(os.sched_getaffinity(self.cloud.pid))
 
     def device(self, method: str, prompt: str, n: int, device_model: str, out: Path) -> dict:
         """One `tandem device run`; retries while the cloud is still loading its model."""
-        argv = [*self.prefix("device"), *tandem_argv("device", "run", *METHODS[method])]
+        argv = tandem_argv("device", "run", *METHODS[method])
+        argv += ["--threads", str(len(self.cpus["device"]))]
         argv += ["--cloud", self.status.connect, "--secret", SECRET, "--model", device_model]
         argv += ["-n", str(n), "--raw", "-p", prompt, "--json", str(out)]
+        argv = side_argv(self.status, "device", argv)
         deadline = time.monotonic() + CONNECT_TIMEOUT_S
         while True:
             done = subprocess.run(argv, capture_output=True, text=True, timeout=1800)
@@ -117,21 +130,30 @@ def run(
     device_model: str = "qwen2.5-coder-0.5b",
     cloud_model: str = "qwen2.5-coder-1.5b",
     path: str = "auto",
+    cpus: dict[str, list[int]] | None = None,
 ) -> dict:
-    """Run the bench (module docstring); save spec_net.json / .png."""
+    """Run the bench (module docstring); save spec_net.json / .png. `cpus`: each side's cores
+    (default `tandem.testbed.cpus.role_cpus()`)."""
+    from tandem.testbed.cpus import role_cpus
+
     if path not in ("auto", "netns", "loopback"):
         raise TandemError(f"--path must be auto, netns or loopback, got {path!r}")
     mode = path if path != "auto" else ("loopback" if netns_unavailable_reason() else "netns")
     console = Console()
     prompts = PROMPTS[:num_prompts]
-    runs, started, load = [], time.perf_counter(), {"before": os.getloadavg()}
+    machines = Machines(
+        cpus=cpus or role_cpus(),
+        isolation="processes: tandem cloud serve and each tandem device run pinned from start",
+    )
+    runs, started = [], time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="tandem-spec-net-") as tmp:
-        net = _Net(mode, cloud_model, Path(tmp) / "cloud.log")
+        net = _Net(mode, cloud_model, Path(tmp) / "cloud.log", machines.cpus)
         try:
             for rtt in rtts:
                 net.configure(rtt, rate_mbit)
                 if rtt == rtts[0]:  # warm-up (and wait for the cloud), discarded
                     net.device("picospec", prompts[0], 4, device_model, Path(tmp) / "w.json")
+                    machines.observed["cloud"] = {"cpus": net.cloud_affinity()}
                 for index, prompt in enumerate(prompts):
                     for method in METHODS:
                         report = net.device(
@@ -157,12 +179,11 @@ def run(
             "max_new_tokens": max_new_tokens,
             "draft_len": 4,
             "wall_s": time.perf_counter() - started,
-            "load_average": {**load, "after": os.getloadavg()},
         },
         "table": rows,
         "runs": runs,
     }
-    save_json(out, "spec_net", payload)
+    save_json(out, "spec_net", payload, machines=machines)
     _print(console, rows, rtts)
     _plot(out, rows)
     return payload

@@ -14,7 +14,8 @@ protocol, link and timings otherwise fixed:
 
 Both sides are `SleepLM`s (forward passes sleep for the stated times; no CPU contention), in
 one process over `memory_pair` with the in-process link emulator (delay RTT/2 each way,
-100 Mbit/s). Methods, side by side at each setting: PicoSpec (async, fast verification,
+100 Mbit/s); each side's model calls run on its own cores like `tandem bench spec`'s
+(`--device-cpus`, `--cloud-cpus`; sleeping needs none, the protocol around it does). Methods, side by side at each setting: PicoSpec (async, fast verification,
 separate rejection) and its stop-and-wait (sync, separate rejection), draft length 4, greedy.
 Throughput = tokens / total time (TTFT included, as in `tandem bench spec`); `decode` =
 tokens after the first / time after the first token. One warm-up run per setting, discarded.
@@ -23,7 +24,6 @@ tokens after the first / time after the first token. One warm-up run per setting
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,8 +32,8 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from tandem.bench.report import new_figure, save_json, save_png
-from tandem.bench.spec import PROMPTS, aggregate, run_method
+from tandem.bench.report import Machines, new_figure, save_json, save_png
+from tandem.bench.spec import ISOLATION, PROMPTS, SHARED, aggregate, run_method
 from tandem.bench.spec_emulated import paper_pair
 from tandem.protocols.spec import SpecConfig
 
@@ -93,40 +93,49 @@ def run(
     num_prompts: int | None = None,
     max_new_tokens: int | None = None,
     rate_mbit: float = 100.0,
+    cpus: dict[str, list[int]] | None = None,
 ) -> dict:
-    """Run the map (module docstring); save spec_regimes.json / .png; print the tables."""
+    """Run the map (module docstring); save spec_regimes.json / .png; print the tables.
+    `cpus`: each side's cores (default `tandem.testbed.cpus.role_cpus()`)."""
+    from tandem.testbed.cpus import role_cpus
+    from tandem.testbed.pinned import pinned
+
     console = Console()
+    machines = Machines(cpus=cpus or role_cpus(), isolation=ISOLATION, shared=SHARED)
     prompts = PROMPTS[: num_prompts or (1 if quick else 2)]
     n = max_new_tokens or (16 if quick else 96)
     config = SpecConfig(temperature=0.0, max_new_tokens=n, stop_at_eos=False, draft_len=4)
     warm = SpecConfig(**{**config.to_json(), "max_new_tokens": 4})
-    rows, started, load = [], time.perf_counter(), {"before": os.getloadavg()}
+    rows, started = [], time.perf_counter()
     total = len(settings) * len(rtts) * len(prompts) * len(PAIR)
     with Progress(console=console, transient=True) as progress:
         bar = progress.add_task("spec regimes", total=total)
         for index, setting in enumerate(settings):
-            device_lm, cloud_lm = paper_pair(setting.mix, f"-map{index}", setting.draft_ms / 1e3)
-            ids = [device_lm.tokenizer.encode(p) for p in prompts]
-            models = {"device_lm": device_lm, "cloud_lm": cloud_lm, "rate_mbit": rate_mbit}
-            asyncio.run(run_method(PAIR[0], prompt_ids=ids[0], rtt_ms=0, config=warm, **models))
-            for rtt in rtts:
-                for method in PAIR:
-                    group = []
-                    for prompt_ids in ids:
-                        report = asyncio.run(
-                            run_method(method, prompt_ids=prompt_ids, rtt_ms=rtt, config=config,
-                                       **models)
+            pair = paper_pair(setting.mix, f"-map{index}", setting.draft_ms / 1e3)
+            with pinned(dict(zip(("device", "cloud"), pair, strict=True)), machines.cpus,
+                        machines.observed) as sides:  # fmt: skip
+                ids = [sides["device"].tokenizer.encode(p) for p in prompts]
+                models = {"device_lm": sides["device"], "cloud_lm": sides["cloud"],
+                          "rate_mbit": rate_mbit}  # fmt: skip
+                asyncio.run(run_method(PAIR[0], prompt_ids=ids[0], rtt_ms=0, config=warm, **models))
+                for rtt in rtts:
+                    for method in PAIR:
+                        group = []
+                        for prompt_ids in ids:
+                            report = asyncio.run(
+                                run_method(method, prompt_ids=prompt_ids, rtt_ms=rtt,
+                                           config=config, **models)
+                            )  # fmt: skip
+                            group.append({"summary": report.summary(), "total_s": report.total_s})
+                            progress.advance(bar)
+                        row = aggregate(group)
+                        row["decode_tok_s"] = sum(
+                            decode_rate(g["summary"], g["total_s"]) for g in group
+                        ) / len(group)
+                        rows.append(
+                            {"setting": setting.label, "mix": setting.mix,
+                             "draft_ms": setting.draft_ms, "method": method, "rtt_ms": rtt, **row}
                         )  # fmt: skip
-                        group.append({"summary": report.summary(), "total_s": report.total_s})
-                        progress.advance(bar)
-                    row = aggregate(group)
-                    row["decode_tok_s"] = sum(
-                        decode_rate(g["summary"], g["total_s"]) for g in group
-                    ) / len(group)
-                    rows.append(
-                        {"setting": setting.label, "mix": setting.mix,
-                         "draft_ms": setting.draft_ms, "method": method, "rtt_ms": rtt, **row}
-                    )  # fmt: skip
     summary = ratios(rows, rtts)
     payload = {
         "setup": {
@@ -138,12 +147,11 @@ def run(
             "max_new_tokens": n,
             "draft_len": 4,
             "wall_s": time.perf_counter() - started,
-            "load_average": {**load, "after": os.getloadavg()},
         },
         "summary": summary,
         "rows": rows,
     }
-    save_json(out, "spec_regimes", payload)
+    save_json(out, "spec_regimes", payload, machines=machines)
     _print(console, summary, rows, rtts)
     _plot(out, summary, rtts)
     return payload

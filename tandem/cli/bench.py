@@ -6,6 +6,8 @@ from pathlib import Path
 
 import typer
 
+from tandem.cli.cpus import CLOUD_CPUS, DEVICE_CPUS, role_cpus
+
 app = typer.Typer(no_args_is_help=True)
 
 OUT = typer.Option(Path("bench/results"), "--out", help="Folder for the JSON and PNG results.")
@@ -72,12 +74,14 @@ def link(
     path: str = typer.Option(
         "auto", "--path", help="auto (namespaces when root), netns, or loopback."
     ),
+    device_cpus: str = DEVICE_CPUS,
+    cloud_cpus: str = CLOUD_CPUS,
     out: Path = OUT,
 ) -> None:
     """Round-trip latency vs a raw-socket floor, and delivered vs configured delay and rate."""
     from tandem.bench.link import run
 
-    run(out=out, quick=quick, path=path)
+    run(out=out, quick=quick, path=path, cpus=role_cpus(device_cpus, cloud_cpus))
 
 
 @app.command("retrieval")
@@ -143,6 +147,8 @@ def spec(
     draft_len: int = typer.Option(4, "--draft-len"),
     rate: float = typer.Option(100.0, "--rate", help="Emulated link rate (Mbit/s), each way."),
     no_sqs: bool = typer.Option(False, "--no-sqs", help="Skip the SQS sweep."),
+    device_cpus: str = DEVICE_CPUS,
+    cloud_cpus: str = CLOUD_CPUS,
     out: Path = OUT,
 ) -> None:
     """PicoSpec Tables 1/2/4, SQS-SD Fig. 2 and PicoSpec Eq. 9 on the emulated link."""
@@ -165,6 +171,7 @@ def spec(
         draft_len=draft_len,
         rate_mbit=rate,
         sqs=not no_sqs,
+        cpus=role_cpus(device_cpus, cloud_cpus),
     )
 
 
@@ -174,6 +181,8 @@ def spec_regimes(
     rtt: list[float] = typer.Option([0, 100, 200], "--rtt", help="Round-trip times (ms)."),
     prompts: int = typer.Option(None, "--prompts", help="Number of prompts (default 1 quick / 2)."),
     max_new_tokens: int = typer.Option(None, "--max-new-tokens", "-n"),
+    device_cpus: str = DEVICE_CPUS,
+    cloud_cpus: str = CLOUD_CPUS,
     out: Path = OUT,
 ) -> None:
     """Where PicoSpec's async pipeline pays: agreement x draft speed x RTT (emulated pair)."""
@@ -185,6 +194,7 @@ def spec_regimes(
         rtts=tuple(rtt),
         num_prompts=prompts,
         max_new_tokens=max_new_tokens,
+        cpus=role_cpus(device_cpus, cloud_cpus),
     )
 
 
@@ -197,9 +207,12 @@ def spec_net(
     device_model: str = typer.Option("qwen2.5-coder-0.5b", "--device-model"),
     cloud_model: str = typer.Option("qwen2.5-coder-1.5b", "--cloud-model"),
     path: str = typer.Option("auto", "--path", help="auto, netns (root) or loopback."),
+    device_cpus: str = DEVICE_CPUS,
+    cloud_cpus: str = CLOUD_CPUS,
     out: Path = OUT,
 ) -> None:
-    """The real pair as two processes over `tandem net`: cloud AR, stop-and-wait, PicoSpec."""
+    """The real pair as two processes over `tandem net`, each on its own cores: cloud AR,
+    stop-and-wait, PicoSpec."""
     from tandem.bench.spec_net import run
 
     run(
@@ -211,6 +224,7 @@ def spec_net(
         device_model=device_model,
         cloud_model=cloud_model,
         path=path,
+        cpus=role_cpus(device_cpus, cloud_cpus),
     )
 
 
@@ -221,6 +235,8 @@ def rapid_net(
     tasks: int = typer.Option(2, "--tasks", help="Quote tasks."),
     max_new_tokens: int = typer.Option(32, "--max-new-tokens", "-n"),
     model: str = typer.Option("qwen2.5-coder-0.5b", "--model", "-m"),
+    device_cpus: str = DEVICE_CPUS,
+    cloud_cpus: str = CLOUD_CPUS,
     out: Path = OUT,
 ) -> None:
     """RAPID split between device (drafter, C^S) and cloud (target, C) over the emulated link."""
@@ -233,6 +249,7 @@ def rapid_net(
         num_tasks=tasks,
         max_new_tokens=max_new_tokens,
         model=model,
+        cpus=role_cpus(device_cpus, cloud_cpus),
     )
 
 

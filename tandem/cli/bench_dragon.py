@@ -6,6 +6,8 @@ from pathlib import Path
 
 import typer
 
+from tandem.cli.cpus import CLOUD_CPUS, DEVICE_CPUS, role_cpus
+
 app = typer.Typer(no_args_is_help=True)
 
 OUT = typer.Option(Path("bench/results"), "--out", help="Folder for the JSON and PNG results.")
@@ -25,15 +27,18 @@ def latency(
     questions: int = typer.Option(0, "--questions", help="How many questions (0: all)."),
     public: str = PUBLIC,
     private: str = PRIVATE,
+    device_cpus: str = DEVICE_CPUS,
+    cloud_cpus: str = CLOUD_CPUS,
     out: Path = OUT,
 ) -> None:
     """Per-token latency vs network latency (Fig. 6) and Theorem 6.2, device and cloud as
-    processes in the emulated network."""
+    processes in the emulated network, each on its own cores."""
     from tandem.bench.dragon_latency import run
 
     run(
         out=out, quick=quick, model=model, delays=tuple(delays or ()) or None, tokens=tokens or None,
         questions=questions or None, public=public, private=private,
+        cpus=role_cpus(device_cpus, cloud_cpus),
     )  # fmt: skip
 
 
@@ -45,6 +50,8 @@ def ttft(
     questions: int = typer.Option(0, "--questions", help="How many questions (0: all)."),
     public: str = PUBLIC,
     private: str = PRIVATE,
+    device_cpus: str = DEVICE_CPUS,
+    cloud_cpus: str = CLOUD_CPUS,
     out: Path = OUT,
 ) -> None:
     """Time to first token vs network latency (Fig. 7), with the DRCG document transfers."""
@@ -53,4 +60,5 @@ def ttft(
     run(
         out=out, quick=quick, model=model, delays=tuple(delays or ()) or None,
         questions=questions or None, public=public, private=private,
+        cpus=role_cpus(device_cpus, cloud_cpus),
     )  # fmt: skip

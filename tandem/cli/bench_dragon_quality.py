@@ -10,6 +10,7 @@ from pathlib import Path
 
 import typer
 
+from tandem.cli.cpus import CLOUD_CPUS, DEVICE_CPUS, role_cpus
 from tandem.errors import TandemError
 
 OUT = typer.Option(Path("bench/results"), "--out", help="Folder for the JSON and PNG results.")
@@ -63,9 +64,12 @@ def scheduling(
     ),
     name: str = typer.Option("dragon_sched", "--name", help="Result file name (no suffix)."),
     quick: bool = typer.Option(False, "--quick", help="Tiny models, 10 traces (~1 min)."),
+    device_cpus: str = DEVICE_CPUS,
+    cloud_cpus: str = CLOUD_CPUS,
     out: Path = OUT,
 ) -> None:
-    """Fig. 8: Cloud / Device / Random / DRAGON scheduling, replayed under a jittery RTT."""
+    """Fig. 8: Cloud / Device / Random / DRAGON scheduling, replayed under a jittery RTT (the
+    recording runs each side's model on its own cores)."""
     import torch
 
     from tandem.bench.dragon_sched import QUESTIONS, SchedConfig, record, run
@@ -81,10 +85,11 @@ def scheduling(
             acceptance_ema=acceptance_ema,
         )  # fmt: skip
     path = recording or out / TRACES_FILE
+    cpus = role_cpus(device_cpus, cloud_cpus)
     if record_new or not path.is_file():
         data = record(
             model=model, cloud_model=cloud_model or model, tokens=record_tokens,
-            temperature=temperature, questions=questions,
+            temperature=temperature, questions=questions, cpus=cpus,
         )  # fmt: skip
         if not quick:  # a quick run never replaces recorded real traces
             out.mkdir(parents=True, exist_ok=True)

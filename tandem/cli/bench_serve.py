@@ -7,6 +7,8 @@ from pathlib import Path
 
 import typer
 
+from tandem.cli.cpus import CLOUD_CPUS, DEVICE_CPUS, role_cpus
+
 
 def serve_load(
     device_model: str = typer.Option("tiny-qwen2", "--device-model", help="Draft model."),
@@ -19,7 +21,8 @@ def serve_load(
     batch_window_ms: float = typer.Option(2.0, "--batch-window-ms", min=0.0),
     pipeline: str = typer.Option("sync", "--pipeline", help="sync or async."),
     codec: str = typer.Option("dense", "--codec", help="Uplink codec (spec)."),
-    threads: int = typer.Option(1, "--threads", min=1, help="torch intra-op threads."),
+    device_cpus: str = DEVICE_CPUS,
+    cloud_cpus: str = CLOUD_CPUS,
     repeats: int = typer.Option(3, "--repeats", min=1, help="Off/on alternations (medians)."),
     name: str = typer.Option("serve_load", "--name", help="Result file name (no suffix)."),
     out: Path = typer.Option(Path("bench/results"), "--out", help="Folder for JSON and PNG."),
@@ -30,7 +33,7 @@ def serve_load(
     payload = run(
         device_model=device_model, cloud_model=cloud_model, sessions=sessions, tokens=tokens,
         delay_ms=delay, batch_window_ms=batch_window_ms, pipeline=pipeline, codec=codec,
-        threads=threads, out=out, repeats=repeats, name=name,
+        out=out, repeats=repeats, name=name, cpus=role_cpus(device_cpus, cloud_cpus),
     )  # fmt: skip
     for p in payload["points"]:
         typer.echo(

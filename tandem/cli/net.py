@@ -1,7 +1,9 @@
 """`tandem net ...`: emulated network between a device and a cloud (namespaces + delay proxy).
 
 Delay and jitter are ONE-WAY, per direction: `--delay 50` gives a 100 ms round trip.
-Rate is the payload rate of each direction. See docs/network.md.
+Rate is the payload rate of each direction. Each side also owns cores (`--device-cpus`,
+`--cloud-cpus`): `tandem net exec` runs a command pinned to its side's set. See
+docs/network.md.
 """
 
 from __future__ import annotations
@@ -9,6 +11,8 @@ from __future__ import annotations
 from datetime import datetime
 
 import typer
+
+from tandem.cli.cpus import CLOUD_CPUS, DEVICE_CPUS, role_cpus
 
 app = typer.Typer(no_args_is_help=True)
 
@@ -38,12 +42,16 @@ def up(
     loopback: bool = typer.Option(
         False, "--loopback", help="Skip namespaces: run the proxy on 127.0.0.1."
     ),
+    device_cpus: str = DEVICE_CPUS,
+    cloud_cpus: str = CLOUD_CPUS,
     name: str = NAME,
 ) -> None:
-    """Create (or reconfigure) the device and cloud namespaces and the delay proxy."""
+    """Create (or reconfigure) the device and cloud namespaces, the delay proxy and each side's
+    cores."""
     from tandem.transport.netns import NetConfig, net_up
     from tandem.transport.proxy import parse_outage
 
+    sets = role_cpus(device_cpus, cloud_cpus)
     config = NetConfig(
         delay_ms=delay,
         jitter_ms=jitter,
@@ -53,6 +61,8 @@ def up(
         proxy_port=proxy_port,
         mode="loopback" if loopback else "auto",
         name=name,
+        device_cpus=tuple(sets["device"]),
+        cloud_cpus=tuple(sets["cloud"]),
     )
     _print_status(net_up(config))
 
@@ -80,13 +90,16 @@ def exec_(
     command: list[str] = typer.Argument(..., help="The command (after --)."),
     name: str = NAME,
 ) -> None:
-    """Run a command inside the device or cloud side: `tandem net exec cloud -- CMD ...`."""
+    """Run a command inside the device or cloud side, pinned to that side's cores:
+    `tandem net exec cloud -- CMD ...`."""
     from tandem.transport.netns import net_exec
 
     raise typer.Exit(net_exec(side, command, name))
 
 
 def _print_status(status) -> None:
+    from tandem.testbed.cpus import format_cpus
+
     if not status.up and status.config is None:
         typer.echo(f"network {status.name!r}: down")
     else:
@@ -107,6 +120,10 @@ def _print_status(status) -> None:
             typer.echo(
                 f"  sides     device={status.namespaces['device']} cloud={status.namespaces['cloud']}"
             )
+        typer.echo(
+            f"  cpus      device={format_cpus(config.cpus('device'))} "
+            f"cloud={format_cpus(config.cpus('cloud'))} (each side's engine: one thread per core)"
+        )
         typer.echo(
             f"  device -> {status.connect} (proxy pid {status.proxy_pid}) -> cloud service {status.service}"
         )

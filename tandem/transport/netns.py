@@ -22,6 +22,12 @@ Words: *delay* is ONE-WAY and applies to each direction, so a round trip gains
 is set slightly higher (`WIRE_OVERHEAD`) so Ethernet/IP/TCP headers are not counted
 against it. An *outage* (start_s, duration_s) counts from when the proxy started.
 
+Compute: each side is also a machine with cores of its own (`tandem.testbed.cpus`). The
+config names each side's cpu set (`device_cpus`, `cloud_cpus`; empty: `plan()`'s split, fixed
+when the network comes up) and `side_argv` / `net_exec` start a command inside a side pinned
+to its set, with OMP_NUM_THREADS = the set's size. The proxy is the wire, not a machine: it is
+not pinned.
+
 Without root or namespaces (or with `mode="loopback"`) the same proxy runs on 127.0.0.1,
 with rate from its own token bucket, and `NetStatus.notes` says so. Only the project's own
 namespace addresses (`LINK_SUBNET`) and loopback are ever used.
@@ -42,11 +48,12 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
 from tandem.errors import TandemError
+from tandem.testbed.cpus import pinned_argv, plan
 from tandem.transport.proxy import LINK_SUBNET
 
 DEVICE_ADDRESS = str(LINK_SUBNET.network_address + 1)  # 10.203.0.1
@@ -71,6 +78,8 @@ class NetConfig:
     name: str = "tandem"  # namespaces <name>-dev and <name>-cloud
     mode: Literal["auto", "netns", "loopback"] = "auto"
     seed: int = 0
+    device_cpus: tuple[int, ...] = ()  # the device's cores; () = its share of plan()
+    cloud_cpus: tuple[int, ...] = ()  # the cloud's cores; () = its share of plan()
 
     def __post_init__(self) -> None:
         if not NAME_PATTERN.match(self.name) or len(self.name) > 40:
@@ -85,6 +94,11 @@ class NetConfig:
             raise TandemError("delay and jitter must be >= 0 ms and rate > 0 Mbit/s")
         if self.service_port == self.proxy_port:
             raise TandemError("service port and proxy port must differ")
+
+    def cpus(self, side: str) -> list[int]:
+        """The cores of `side` (its share of `plan()` when none were named)."""
+        named = self.device_cpus if side == "device" else self.cloud_cpus
+        return sorted(named) if named else plan()[side]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -390,11 +404,12 @@ def net_up(config: NetConfig) -> NetStatus:
         )
     started_at = time.time()
     pid = _start_proxy(argv, ready_file, log_file)
+    fixed = {f"{side}_cpus": tuple(config.cpus(side)) for side in SIDES}  # the split of today
     state = {
         "name": config.name,
         "mode": mode,
         "delay_path": "netem" if netem else "proxy",
-        "config": asdict(config),
+        "config": asdict(replace(config, **fixed)),
         "namespaces": namespaces if mode == "netns" else {},
         "proxy_pid": pid,
         "started_at": started_at,
@@ -418,7 +433,13 @@ def net_status(name: str = "tandem") -> NetStatus:
         )
         return NetStatus(up=False, name=name, notes=notes)
     raw = state["config"]
-    config = NetConfig(**{**raw, "outages": tuple(tuple(window) for window in raw["outages"])})
+    config = NetConfig(
+        **{
+            **raw,
+            "outages": tuple(tuple(window) for window in raw["outages"]),
+            **{key: tuple(raw.get(key, ())) for key in ("device_cpus", "cloud_cpus")},
+        }
+    )
     netns = state["mode"] == "netns"
     namespaces = state["namespaces"]
     proxy_alive = _alive(state["proxy_pid"])
@@ -468,12 +489,24 @@ def net_down(name: str = "tandem") -> list[str]:
     return removed
 
 
+def side_argv(status: NetStatus, side: str, command: list[str]) -> list[str]:
+    """`command` run inside `side` of the network (its namespace; loopback: this host), pinned
+    to the side's cores (`NetConfig.cpus`) through the `tandem.testbed.cpus` launcher."""
+    if side not in SIDES:
+        raise TandemError(f"side must be 'device' or 'cloud', got {side!r}")
+    inside = [] if status.mode == "loopback" else ["ip", "netns", "exec", status.namespaces[side]]
+    config = status.config or NetConfig(name=status.name)
+    return pinned_argv(config.cpus(side), [*inside, *command])
+
+
 def net_exec(side: str, command: list[str], name: str = "tandem") -> int:
-    """Run `command` inside the device or cloud side; returns its exit status.
+    """Run `command` inside the device or cloud side, on that side's cores; returns its exit
+    status.
 
     The command gets TANDEM_NET_CONNECT (where the device connects) and TANDEM_NET_SERVICE
-    (where the cloud service should listen) in its environment. In loopback mode both sides
-    are this host, so the command simply runs here.
+    (where the cloud service should listen) in its environment, and OMP_NUM_THREADS = the
+    number of cores it owns. In loopback mode both sides are this host, so the command runs
+    here (still pinned).
     """
     if side not in SIDES:
         raise TandemError(f"side must be 'device' or 'cloud', got {side!r}")
@@ -482,13 +515,7 @@ def net_exec(side: str, command: list[str], name: str = "tandem") -> int:
     status = net_status(name)
     if not status.up:
         raise TandemError(f"network {name!r} is not up; run `tandem net up` first")
+    if shutil.which(command[0]) is None:
+        raise TandemError(f"command not found: {command[0]}")
     env = dict(os.environ, TANDEM_NET_CONNECT=status.connect, TANDEM_NET_SERVICE=status.service)
-    argv = (
-        command
-        if status.mode == "loopback"
-        else ["ip", "netns", "exec", status.namespaces[side], *command]
-    )
-    try:
-        return subprocess.run(argv, env=env).returncode
-    except FileNotFoundError:
-        raise TandemError(f"command not found: {command[0]}") from None
+    return subprocess.run(side_argv(status, side, command), env=env).returncode

@@ -9,6 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tandem.cli.bench_dragon import app
+from tandem.testbed.cpus import plan
 
 DEVICE_TEXTS = [
     "Our retry policy: base delay 0.5 s, factor 2, cap 20 s, at most 5 attempts.",
@@ -45,6 +46,11 @@ def test_quick_latency_and_ttft_runs(tmp_path, monkeypatch):
     saved = json.loads((out / "dragon_latency.json").read_text())
     assert (out / "dragon_latency.png").stat().st_size > 0
     assert saved["setup"]["network"]["mode"] in ("netns", "loopback")
+    sets = plan()  # each side a process on its own cores, as it saw itself
+    assert saved["machines"]["cpus"] == sets
+    for role in ("device", "cloud"):
+        seen = saved["machines"]["observed"][role]
+        assert seen["cpus"] == sets[role] and seen["engine_threads"] == len(sets[role])
     runs = latency["runs"]
     assert {(r["method"], r["delay_ms"]) for r in runs} == {
         (m, d) for m in dragon_latency.METHODS for d in (0.0, 20.0)

@@ -39,3 +39,92 @@ def test_pin_role_sets_affinity_and_threads_and_rejects_unknown_roles():
         torch.set_num_threads(threads)
     with pytest.raises(TandemError, match="unknown role"):
         cpus.pin_role("edge")
+
+
+def _two_cores() -> list[int]:
+    """Two cores this process may use (the tests that tell sets apart need them)."""
+    cores = cpus.available()
+    if len(cores) < 2:
+        pytest.skip("needs two cores")
+    return cores[:2]
+
+
+def test_format_cpus_inverts_parse_cpus():
+    for text in ("0", "0-2,5", "1,3", "4-7"):
+        assert cpus.format_cpus(cpus.parse_cpus(text)) == text
+    assert cpus.overlap({"device": [0, 1], "cloud": [1, 2]}) == [1]
+    assert cpus.overlap({"device": [0], "cloud": [1]}) == []
+
+
+def test_role_cpus_defaults_to_plan_takes_the_flags_and_refuses_foreign_cores():
+    assert cpus.role_cpus() == cpus.plan()
+    first, second = _two_cores()
+    assert cpus.role_cpus(str(second), str(first)) == {"device": [second], "cloud": [first]}
+    assert cpus.role_cpus(cloud=str(first))["device"] == cpus.plan()["device"]
+    outside = max(cpus.available()) + 1
+    with pytest.raises(TandemError, match=f"core\\(s\\) {outside} not available"):
+        cpus.role_cpus(device=str(outside))
+
+
+def test_pin_thread_pins_only_the_calling_thread():
+    import threading
+
+    first, second = _two_cores()
+    before = os.sched_getaffinity(0)
+    seen = {}
+
+    def work() -> None:
+        cpus.pin_thread([second])
+        seen["inside"] = os.sched_getaffinity(0)
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+    assert seen["inside"] == {second}
+    assert os.sched_getaffinity(0) == before
+
+
+def test_launcher_runs_the_command_on_its_set_with_one_thread_per_core():
+    import subprocess
+    import sys
+
+    _, second = _two_cores()
+    report = (
+        "import os, torch; print(sorted(os.sched_getaffinity(0)), os.environ['OMP_NUM_THREADS'],"
+        " torch.get_num_threads(), flush=True); import sys; sys.stdin.read()"
+    )
+    child = subprocess.Popen(
+        cpus.pinned_argv([second], [sys.executable, "-c", report]),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = child.stdout.readline()
+        status = open(f"/proc/{child.pid}/status").read()  # the kernel's word, while it runs
+    finally:
+        child.stdin.close()
+        child.wait(timeout=30)
+    assert line.split() == [f"[{second}]", "1", "1"]
+    assert f"Cpus_allowed_list:\t{second}\n" in status
+
+
+def test_launcher_rejects_a_bad_set_in_one_line():
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "tandem.testbed.cpus", "--cpus", "x", "--", "true"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2 and done.stderr.startswith("error: bad cpu list 'x'")
+
+
+def test_machine_state_names_the_engine_threads(tiny_lm):
+    import types
+
+    assert cpus.machine_state(types.SimpleNamespace(threads=3))["engine_threads"] == 3
+    import torch
+
+    assert cpus.machine_state(tiny_lm)["engine_threads"] == torch.get_num_threads()  # hf

@@ -18,10 +18,12 @@ from pathlib import Path
 import pytest
 
 from tandem.errors import TandemError
+from tandem.testbed.cpus import available, plan
 from tandem.transport.netns import (
     CLOUD_ADDRESS,
     WIRE_OVERHEAD,
     NetConfig,
+    NetStatus,
     namespace_exists,
     namespace_names,
     net_down,
@@ -31,6 +33,7 @@ from tandem.transport.netns import (
     netns_unavailable_reason,
     proxy_argv,
     qdisc_commands,
+    side_argv,
 )
 
 # ---------------------------------------------------------------- pure
@@ -66,6 +69,23 @@ def test_proxy_argv_delay_and_rate_go_where_the_path_says(tmp_path):
         config, listen_host="127.0.0.1", netem=False, loopback=True, ready_file=tmp_path / "r"
     )
     assert loop_proxy[loop_proxy.index("--rate-mbit") + 1] == "20"
+
+
+def test_side_argv_pins_the_command_to_its_side_and_enters_its_namespace():
+    config = NetConfig(name="tandem-x", device_cpus=(0,), cloud_cpus=(1, 2, 3))
+    launcher = [sys.executable, "-m", "tandem.testbed.cpus", "--cpus"]
+    loopback = NetStatus(up=True, name="tandem-x", mode="loopback", config=config)
+    assert side_argv(loopback, "cloud", ["cmd", "-x"]) == [*launcher, "1-3", "--", "cmd", "-x"]
+    netns = NetStatus(
+        up=True, name="tandem-x", mode="netns", config=config,
+        namespaces=namespace_names("tandem-x"),
+    )  # fmt: skip
+    assert side_argv(netns, "device", ["cmd"]) == [
+        *launcher, "0", "--", "ip", "netns", "exec", "tandem-x-dev", "cmd",
+    ]  # fmt: skip
+    assert NetConfig(name="tandem-x").cpus("cloud") == plan()["cloud"]  # none named: the split
+    with pytest.raises(TandemError, match="side must be"):
+        side_argv(loopback, "edge", ["cmd"])
 
 
 def test_config_validation():
@@ -170,6 +190,32 @@ def test_loopback_network_up_measure_reconfigure_down(net_name, tmp_path):
         net_exec("device", ["true"], name)
 
 
+_AFFINITY = (
+    "import os, sys; sys.exit(sorted(os.sched_getaffinity(0)) != [int(sys.argv[1])]"
+    " or os.environ['OMP_NUM_THREADS'] != '1')"
+)
+
+
+def test_exec_runs_each_side_on_its_cores_and_up_fixes_the_split(net_name):
+    name, _ = net_name
+    cores = available()
+    if len(cores) < 2:
+        pytest.skip("needs two cores")
+    ports = {"service_port": _free_port(), "proxy_port": _free_port()}
+    status = net_up(NetConfig(name=name, mode="loopback", **ports))
+    assert (status.config.device_cpus, status.config.cloud_cpus) == tuple(
+        tuple(cores) for cores in plan().values()
+    )  # the default split, written down when the network came up
+    swapped = {"device_cpus": (cores[1],), "cloud_cpus": (cores[0],)}
+    status = net_up(NetConfig(name=name, mode="loopback", **ports, **swapped))
+    assert net_status(name).config.device_cpus == (cores[1],)
+    assert net_exec("device", [sys.executable, "-c", _AFFINITY, str(cores[1])], name) == 0
+    assert net_exec("cloud", [sys.executable, "-c", _AFFINITY, str(cores[0])], name) == 0
+    assert net_exec("cloud", [sys.executable, "-c", _AFFINITY, str(cores[1])], name) == 1
+    with pytest.raises(TandemError, match="command not found"):
+        net_exec("cloud", ["no-such-command-here"], name)
+
+
 def test_taken_proxy_port_is_reported_at_once(net_name):
     name, _ = net_name
     with socket.socket() as taken:
@@ -235,6 +281,10 @@ def test_namespaces_are_isolated_and_down_removes_everything(net_name):
     routes = subprocess.run([*device, "ip", "route"], capture_output=True, text=True)
     assert "default" not in routes.stdout  # the device side reaches only the link
     assert net_exec("device", ["sh", "-c", "exit 7"], name) == 7
+    for side in ("device", "cloud"):  # inside the namespace, on the side's cores
+        core = status.config.cpus(side)
+        if len(core) == 1:
+            assert net_exec(side, [sys.executable, "-c", _AFFINITY, str(core[0])], name) == 0
     sleeper = subprocess.Popen(["ip", "netns", "exec", status.namespaces["cloud"], "sleep", "60"])
     removed = net_down(name)
     assert sleeper.wait(timeout=5) != 0  # processes left inside are ended

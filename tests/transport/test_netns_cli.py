@@ -42,6 +42,17 @@ def test_net_cli_round_trip(tmp_path, monkeypatch):
         )
         assert ran.exit_code == 4
 
+        last = max(os.sched_getaffinity(0))  # both sides on the last core (device: not its default)
+        cores = ["--device-cpus", str(last), "--cloud-cpus", str(last)]
+        up = runner.invoke(app, ["net", "up", "--loopback", "--name", name, *ports, *cores])
+        assert up.exit_code == 0 and f"cpus      device={last} cloud={last}" in up.output
+        where = tmp_path / "where.txt"
+        code = f"import os; open({str(where)!r}, 'w').write(str(sorted(os.sched_getaffinity(0))))"
+        ran = runner.invoke(
+            app, ["net", "exec", "device", "--name", name, "--", sys.executable, "-c", code]
+        )
+        assert ran.exit_code == 0 and where.read_text() == f"[{last}]"
+
         bad = runner.invoke(app, ["net", "up", "--name", name, "--outage", "soon"])
         assert isinstance(bad.exception, TandemError)  # main() prints it as one line
 

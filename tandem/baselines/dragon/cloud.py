@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import sys
 import time
 from pathlib import Path
@@ -194,6 +195,7 @@ async def _drdg_sw(channel, *, lm, knowledge, question, config) -> dict:
 def cloud_main(argv: list[str] | None = None) -> None:
     """A cloud process serving DRAGON and every baseline (used by the DRAGON benchmarks)."""
     from tandem.serve.dragon_session import load_side, set_threads, transport_config
+    from tandem.testbed.cpus import machine_state
     from tandem.transport import serve
     from tandem.transport.proxy import parse_hostport
 
@@ -216,7 +218,8 @@ def cloud_main(argv: list[str] | None = None) -> None:
         config = transport_config(setup.lm, role="cloud")
         server = await serve(handler, host, port, config=config)
         partial = args.ready_file.with_name(args.ready_file.name + ".partial")
-        partial.write_text(f'{{"host": "{server.host}", "port": {server.port}}}')
+        ready = {"host": server.host, "port": server.port, "machine": machine_state(setup.lm)}
+        partial.write_text(json.dumps(ready))
         partial.replace(args.ready_file)
         try:
             await asyncio.Event().wait()  # until SIGTERM

@@ -10,9 +10,12 @@
 The worker reads one JSON request per line on stdin (`{"method", "question", "config"}`)
 and answers one line `@@ {...}` on stdout (tokens, token times, the method's summary; for
 DRAGON also both sides' decode timings and the resolution log). Every request opens a new
-connection, so `set_delay` (which restarts the delay proxy) can run between requests. Both
-processes run one torch thread (`threads`). Without root or iproute2 the same proxy runs on
-loopback (`NetStatus.mode == "loopback"`, with the reason in `notes`).
+connection, so `set_delay` (which restarts the delay proxy) can run between requests. Each
+process runs on its own cores (`cpus`, default `tandem.testbed.cpus.plan()`: device = core 0,
+cloud = core 1 on a 2-core box), pinned from its start (`netns.side_argv`), with as many
+engine threads as it owns, and reports what it sees of itself (`observed`). Device-only runs
+(CRCG/Device) happen in the device worker, on the device's set. Without root or iproute2 the
+same proxy runs on loopback (`NetStatus.mode == "loopback"`, with the reason in `notes`).
 """
 
 from __future__ import annotations
@@ -51,15 +54,19 @@ class Testbed:
         public_index: Path,
         private_index: Path,
         docs: int = 2,
-        threads: int = 1,
+        cpus: dict[str, list[int]] | None = None,
         name: str = "tandem-dbench",
         seed: int = 0,
     ):
-        self.model, self.docs, self.threads = model, docs, threads
+        from tandem.testbed.cpus import role_cpus
+
+        self.model, self.docs = model, docs
+        self.cpus = cpus or role_cpus()
         self.public_index, self.private_index = public_index, private_index
         self.name, self.seed = name, seed
         self.procs: list[subprocess.Popen] = []
         self.status = None
+        self.observed: dict[str, dict] = {}  # side -> machine_state() it reported
         self.workdir = Path(tempfile.mkdtemp(prefix="tandem-dbench-"))
 
     # ---- lifecycle -----------------------------------------------------------------
@@ -84,34 +91,39 @@ class Testbed:
                 {"service_port": _free_port(), "proxy_port": _free_port()} if loopback else {}
             )
         config = NetConfig(
-            name=self.name, delay_ms=delay_ms, jitter_ms=delay_ms / 5, seed=self.seed, **self.ports
-        )
+            name=self.name, delay_ms=delay_ms, jitter_ms=delay_ms / 5, seed=self.seed,
+            device_cpus=tuple(self.cpus["device"]), cloud_cpus=tuple(self.cpus["cloud"]),
+            **self.ports,
+        )  # fmt: skip
         return net_up(config)
 
-    def _prefix(self, side: str) -> list[str]:
-        if self.status.mode == "loopback":
-            return []
-        return ["ip", "netns", "exec", self.status.namespaces[side]]
-
     def _start(self) -> None:
+        from tandem.transport.netns import side_argv
+
         self.status = self._net(0.0)
-        env = {**os.environ, "TANDEM_SECRET": secrets.token_hex(16), "OMP_NUM_THREADS": "1"}
+        env = {**os.environ, "TANDEM_SECRET": secrets.token_hex(16)}
         ready = self.workdir / "cloud.json"
-        cloud = [*self._prefix("cloud"), sys.executable, "-m", "tandem.baselines.dragon.cloud"]
+        cloud = [sys.executable, "-m", "tandem.baselines.dragon.cloud"]
         cloud += ["--corpus", str(self.public_index), "--model", self.model]
         cloud += ["--listen", self.status.service, "--ready-file", str(ready)]
-        cloud += ["--docs", str(self.docs), "--threads", str(self.threads)]
+        cloud += ["--docs", str(self.docs), "--threads", str(len(self.cpus["cloud"]))]
         self.cloud_log = open(self.workdir / "cloud.log", "wb")  # noqa: SIM115 - closed in close()
         self.procs.append(
-            subprocess.Popen(cloud, env=env, stdout=self.cloud_log, stderr=subprocess.STDOUT)
+            subprocess.Popen(
+                side_argv(self.status, "cloud", cloud),
+                env=env,
+                stdout=self.cloud_log,
+                stderr=subprocess.STDOUT,
+            )  # fmt: skip
         )
-        device = [*self._prefix("device"), sys.executable, "-m", "tandem.baselines.dragon.testbed"]
+        device = [sys.executable, "-m", "tandem.baselines.dragon.testbed"]
         device += ["--corpus", str(self.private_index), "--model", self.model]
         device += ["--connect", self.status.connect, "--docs", str(self.docs)]
-        device += ["--threads", str(self.threads)]
+        device += ["--threads", str(len(self.cpus["device"]))]
         self.worker = subprocess.Popen(
-            device, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1
-        )
+            side_argv(self.status, "device", device), env=env, stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, text=True, bufsize=1,
+        )  # fmt: skip
         self.procs.append(self.worker)
         deadline = time.monotonic() + READY_TIMEOUT_S
         while not ready.is_file():
@@ -119,7 +131,8 @@ class Testbed:
                 log = (self.workdir / "cloud.log").read_text(errors="replace")[-2000:]
                 raise TandemError(f"dragon testbed: the cloud process did not start: {log}")
             time.sleep(0.2)
-        self._read()  # the worker's ready line
+        self.observed["cloud"] = json.loads(ready.read_text()).get("machine", {})
+        self.observed["device"] = self._read().get("machine", {})  # the worker's ready line
 
     def close(self) -> None:
         from tandem.transport.netns import net_down
@@ -208,6 +221,7 @@ async def run_one(setup, host: str, port: int, request: dict) -> dict:
 
 def worker_main(argv: list[str] | None = None) -> None:
     from tandem.serve.dragon_session import load_side, set_threads
+    from tandem.testbed.cpus import machine_state
     from tandem.transport.proxy import parse_hostport
 
     parser = argparse.ArgumentParser(prog="python -m tandem.baselines.dragon.testbed")
@@ -220,7 +234,7 @@ def worker_main(argv: list[str] | None = None) -> None:
     set_threads(args.threads)
     setup = load_side(corpus=args.corpus, model=args.model, docs=args.docs, progress=False)
     host, port = parse_hostport(args.connect)
-    print(MARK + json.dumps({"ready": True}), flush=True)
+    print(MARK + json.dumps({"ready": True, "machine": machine_state(setup.lm)}), flush=True)
     for line in sys.stdin:
         try:
             answer = asyncio.run(run_one(setup, host, port, json.loads(line)))

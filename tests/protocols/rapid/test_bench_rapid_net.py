@@ -8,6 +8,7 @@ import json
 import pytest
 
 from tandem.bench.rapid_net import run
+from tandem.testbed.cpus import plan
 
 
 @pytest.mark.slow
@@ -16,6 +17,8 @@ def test_bench_rapid_net_writes_every_method_at_every_rtt(tmp_path):
         model="tiny-qwen2")  # fmt: skip
     saved = json.loads((tmp_path / "rapid_net.json").read_text())
     assert (tmp_path / "rapid_net.png").stat().st_size > 0
+    for role, cores in plan().items():  # one model instance per side, on its own cores
+        assert saved["machines"]["observed"][role]["cpus"] == cores
     keys = {(r["method"], r["rtt_ms"]) for r in saved["table"]}
     assert keys == {("rapid-local", -1.0), ("lc-local", -1.0)} | {
         (m, r) for m in ("rapid-edge", "lc-cloud") for r in (0, 40)

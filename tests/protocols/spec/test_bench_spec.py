@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from tandem.bench.spec import run
+from tandem.testbed.cpus import plan
 
 
 def test_bench_spec_writes_json_and_png(tmp_path):
@@ -29,3 +30,8 @@ def test_bench_spec_writes_json_and_png(tmp_path):
     assert saved["sqs"] and payload["theory"]
     dense = [r for r in saved["sqs"] if r["label"] == "dense"]
     assert all(r["bits_per_draft"] == 16 * 258 for r in dense)  # 258-token vocabulary, fp16
+    sets = plan()  # each side's model calls ran on its own cores, one engine thread per core
+    assert saved["machines"]["cpus"] == sets and len(saved["machines"]["load_average"]) == 2
+    for role in ("device", "cloud"):
+        seen = saved["machines"]["observed"]["tiny"][role]
+        assert seen["cpus"] == sets[role] and seen["engine_threads"] == len(sets[role])

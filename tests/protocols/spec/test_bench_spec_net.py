@@ -7,6 +7,7 @@ import json
 import pytest
 
 from tandem.bench.spec_net import METHODS, run
+from tandem.testbed.cpus import plan
 
 
 @pytest.mark.slow
@@ -16,6 +17,8 @@ def test_bench_spec_net_runs_each_method_over_the_proxy(tmp_path):
     saved = json.loads((tmp_path / "spec_net.json").read_text())
     assert (tmp_path / "spec_net.png").stat().st_size > 0
     assert saved["setup"]["path"] == "loopback"
+    assert saved["machines"]["cpus"] == plan()  # the cloud process, as the kernel saw it:
+    assert saved["machines"]["observed"]["cloud"]["cpus"] == plan()["cloud"]
     assert {(r["method"], r["rtt_ms"]) for r in saved["table"]} == {
         (m, r) for m in METHODS for r in (0, 40)
     }

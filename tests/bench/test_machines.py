@@ -1,0 +1,60 @@
+"""Every result JSON says where its machines ran; every two-sided bench takes the cpu knob."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from tandem.bench.report import Machines, save_json
+from tandem.cli import app
+from tandem.testbed.cpus import plan
+
+
+def test_save_json_records_sets_threads_and_load_before_and_after(tmp_path):
+    machines = Machines(cpus={"device": [0], "cloud": [1, 2]}, isolation="processes")
+    machines.load_before = [9.0, 9.0, 9.0]  # so "after" is visibly read at save time
+    save_json(tmp_path, "x", {"table": []}, machines=machines)
+    saved = json.loads((tmp_path / "x.json").read_text())
+    record = saved["machines"]
+    assert record["cpus"] == {"device": [0], "cloud": [1, 2]}
+    assert record["threads"] == {"device": 1, "cloud": 2}  # one engine thread per core
+    assert record["overlap"] == [] and record["isolation"] == "processes"
+    assert record["load_average"]["before"] == [9.0, 9.0, 9.0]
+    assert len(record["load_average"]["after"]) == 3
+    assert record["load_average"]["after"] != record["load_average"]["before"]
+    assert saved["environment"]["this_process"]["cpus"]  # single-machine benches get this
+    save_json(tmp_path, "y", {})
+    assert "machines" not in json.loads((tmp_path / "y.json").read_text())
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["bench", "spec"], ["bench", "spec-net"], ["bench", "spec-regimes"],
+        ["bench", "rapid-net"], ["bench", "link"], ["bench", "serve"],
+        ["bench", "dragon", "latency"], ["bench", "dragon", "ttft"],
+        ["bench", "dragon", "scheduling"], ["net", "up"],
+    ],
+)  # fmt: skip
+def test_two_sided_commands_take_the_cpu_knob(command):
+    shown = CliRunner().invoke(app, [*command, "--help"], terminal_width=200)
+    assert shown.exit_code == 0
+    assert "--device-cpus" in shown.output and "--cloud-cpus" in shown.output
+
+
+def test_serve_bench_runs_each_side_on_its_cores(tmp_path):
+    from tandem.bench.serve_load import run
+
+    payload = run(
+        device_model="tiny-qwen2", cloud_model="tiny-qwen2-b", sessions=[2], tokens=3,
+        delay_ms=0.0, batch_window_ms=2.0, pipeline="sync", codec="dense", out=tmp_path,
+    )  # fmt: skip
+    saved = json.loads((tmp_path / "serve_load.json").read_text())
+    sets = plan()
+    assert saved["machines"]["cpus"] == sets
+    for role in ("device", "cloud"):
+        seen = saved["machines"]["observed"][role]
+        assert seen["cpus"] == sets[role] and seen["engine_threads"] == len(sets[role])
+    assert all(p["same_outputs_as_unbatched"] for p in payload["points"] if p["batching"])
