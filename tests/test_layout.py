@@ -30,3 +30,52 @@ def test_layout_names_the_model_backends():
     for module in (ROOT / "tandem" / "models").glob("*.py"):
         if module.stem != "__init__":
             assert re.search(rf"\b{module.stem}\b", text), f"models/{module.name} not in layout"
+
+
+def _section(text: str, name: str) -> str:
+    return text.split(f"<!-- {name} -->")[1].split(f"<!-- /{name} -->")[0]
+
+
+def _imports(path: Path):
+    """(line, imported module) of every absolute tandem import in `path`, at any depth."""
+    import ast
+
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            yield node.lineno, node.module
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+
+
+def test_imports_run_down_the_layers():
+    text = (ROOT / "docs" / "layout.md").read_text()
+    order = [name.strip() for name in _section(text, "layers").strip().split(",")]
+    rank = {name: i for i, name in enumerate(order)}
+    allowed = set(re.findall(r"^- (\S+) -> (\S+):", _section(text, "exceptions"), flags=re.M))
+    packages = {
+        p.name.removesuffix(".py")
+        for p in (ROOT / "tandem").iterdir()
+        if p.name != "__init__.py" and (p.suffix == ".py" or (p / "__init__.py").exists())
+    }
+    assert packages == set(order), "the layer list must name every package and module of tandem/"
+    found: set[tuple[str, str]] = set()
+    upward = []
+    for path in sorted((ROOT / "tandem").rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        parts = path.relative_to(ROOT / "tandem").parts
+        if len(parts) == 1 and parts[0] == "__init__.py":
+            continue
+        here = parts[0].removesuffix(".py")
+        for line, module in _imports(path):
+            names = module.split(".")
+            if names[0] != "tandem" or len(names) < 2 or names[1] == here:
+                continue
+            if rank[names[1]] > rank[here]:
+                key = (rel, f"tandem.{names[1]}")
+                found.add(key)
+                if key not in allowed:
+                    upward.append(f"{rel}:{line} imports {module} ({here} is below {names[1]})")
+    assert not upward, "imports against docs/layout.md's layers:\n" + "\n".join(upward)
+    stale = allowed - found
+    assert not stale, f"listed as exceptions but no longer in the code (remove them): {stale}"
