@@ -227,7 +227,7 @@ def _separate_passes(lm, states: list, blocks: list[list[int]]) -> None:
 
 def verify_capacity(lm, sizes: list[int], *, block: int = 5, repeats: int = 3) -> list[dict]:
     """Verification tokens/s of the cloud model alone: B separate passes vs one batched pass."""
-    from tandem.serve.batcher import run_batch
+    from tandem.models.batching import run_batch
 
     rows = []
     for size in sizes:

@@ -8,7 +8,7 @@ Words used here:
   their resources going into `CloudResources.extra`).
 - *resources*: what the modes share: the target model, the verification batcher (spec mode:
   verifications of different sessions that are ready together run as one forward pass, see
-  tandem.serve.batcher), the metrics, and anything mode-specific.
+  tandem.models.batching), the metrics, and anything mode-specific.
 - *admission*: a new session is checked against `CloudLimits` when its first message arrives
   (tandem.serve.admission); a refused device gets an `Error` naming the limit.
 - *record*: one JSON-able dict per session start / end / refusal (tandem.serve.cloud_metrics).
@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from tandem.errors import TandemError
 from tandem.models.base import CausalLM
 from tandem.serve.admission import CloudLimits, admit, context_tokens
-from tandem.serve.batcher import VerifyBatcher
+from tandem.models.batching import VerifyBatcher
 from tandem.serve.cloud_metrics import CloudMetrics, serve_metrics
 from tandem.transport import ChannelClosed, Error, Message, Server, TransportConfig, serve
 

@@ -1,4 +1,4 @@
-"""Cross-session batching of verification (tandem.serve.batcher): sessions verified together
+"""Cross-session batching of verification (tandem.models.batching): sessions verified together
 in one forward pass get the same verdicts (accepted drafts, next token) as each alone, greedy
 and sampled (seeded), and a cancelled item leaves its state untouched."""
 
@@ -13,7 +13,7 @@ from tandem.models.base import Cancelled
 from tandem.protocols.spec.config import SpecConfig
 from tandem.protocols.spec.verifier import Request, Verifier
 from tandem.sampling.warp import warp
-from tandem.serve.batcher import BatchedLM, VerifyBatcher, run_batch
+from tandem.models.batching import BatchedLM, VerifyBatcher, run_batch
 
 SESSIONS = 5
 ROUNDS = 4

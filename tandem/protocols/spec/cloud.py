@@ -8,7 +8,7 @@ worker thread and send the verdict at once. A device Interrupt sets the verifier
 event (the target stops between layers) and rolls the cloud back. The session ends with the
 device's end message (answered with the cloud's measurements) or when the channel closes.
 
-With a `VerifyBatcher` (tandem.serve.batcher) the verifier's model is a `BatchedLM` and
+With a `VerifyBatcher` (tandem.models.batching) the verifier's model is a `BatchedLM` and
 verification runs on the batcher's executor: the forward pass joins those of other sessions
 that are ready at the same time. Nothing else changes (same Verifier, same verdicts). An
 `observer` (the cloud's metrics) hears every verdict: drafts verified, accepted, tokens added.
@@ -25,6 +25,7 @@ from typing import Protocol
 from tandem.codecs import make_codec
 from tandem.errors import TandemError
 from tandem.models.base import Cancelled, CausalLM
+from tandem.models.batching import BatchedLM
 from tandem.protocols.spec import wire
 from tandem.protocols.spec.config import SpecConfig
 from tandem.protocols.spec.verifier import Request, Verifier, merge
@@ -59,7 +60,7 @@ class CloudSession:
         config: SpecConfig,
         prompt: list[int],
         *,
-        batcher=None,  # a tandem.serve.batcher.VerifyBatcher, or None: this session's own passes
+        batcher=None,  # a tandem.models.batching.VerifyBatcher, or None: this session's own passes
         observer: Observer | None = None,
     ) -> None:
         self.channel = channel
@@ -68,8 +69,6 @@ class CloudSession:
         self.batcher = batcher
         self.observer = observer
         if batcher is not None:
-            from tandem.serve.batcher import BatchedLM
-
             lm = BatchedLM(lm, batcher)
         self.verifier = Verifier(lm, prompt, config, eos_id=lm.tokenizer.eos_token_id)
         self.codec = None if config.separate else make_codec(config.codec, **config.codec_params)
