@@ -48,8 +48,8 @@ LABELS = {
 def prepare_indexes(model: str, public: str, private: str | None) -> tuple[Path, Path]:
     """Index folders of both corpora (built once and cached, like `tandem demo`)."""
     from tandem.models.registry import load_tokenizer
+    from tandem.protocols.dragon.setup import ensure_index
     from tandem.serve.dragon_demo import default_private_corpus
-    from tandem.serve.dragon_session import ensure_index
 
     tokenizer = load_tokenizer(model)
     private = private or str(default_private_corpus())

@@ -328,8 +328,8 @@ def retrieve(retriever, queries: list[str], config: QualityConfig) -> list[list[
 def stdlib_retriever():
     """The cached stdlib index (Qwen-tokenizer 64-token chunks, MiniLM), built on first use."""
     from tandem.models.registry import load_tokenizer
+    from tandem.protocols.dragon.setup import ensure_index
     from tandem.retrieval.index import open_index
-    from tandem.serve.dragon_session import ensure_index
 
     name = "qwen2.5-coder-0.5b"
     path = ensure_index("stdlib", tokenizer=load_tokenizer(name), tokenizer_name=name)

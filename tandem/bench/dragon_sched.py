@@ -375,8 +375,8 @@ def _record_runs(device_lm, cloud_lm, tokens: int, temperature: float, questions
 
     from tandem.models.registry import load_tokenizer
     from tandem.protocols.dragon import DragonConfig, Knowledge, run_pair
+    from tandem.protocols.dragon.setup import ensure_index
     from tandem.serve.dragon_demo import default_private_corpus
-    from tandem.serve.dragon_session import ensure_index
 
     names = {DEVICE: str(default_private_corpus()), CLOUD: "stdlib"}
     indexer = "qwen2.5-coder-0.5b"  # the cached indexes (chunk text only; rows re-encode it)

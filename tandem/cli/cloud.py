@@ -91,7 +91,7 @@ def serve(
     transport = cloud_transport(lm, secret=secret, link=link)
     resources = cloud_resources(lm, batch_window_ms=s.batch_window_ms, max_sessions=s.max_sessions)
     if s.corpus:
-        from tandem.serve.dragon_session import load_side
+        from tandem.protocols.dragon.setup import load_side
 
         resources.extra["dragon"] = load_side(corpus=s.corpus, model=s.model, docs=s.docs, lm=lm)
     limits = CloudLimits(

@@ -149,12 +149,8 @@ def run_dragon_device(
 
     from tandem.errors import TandemError
     from tandem.protocols.dragon import DragonConfig
-    from tandem.serve.dragon_session import (
-        emulated_link,
-        load_side,
-        run_device_session,
-        set_threads,
-    )
+    from tandem.protocols.dragon.setup import load_side, set_threads
+    from tandem.serve.dragon_session import emulated_link, run_device_session
 
     if not corpus:
         raise TandemError("--mode dragon needs --corpus (the device's private corpus)")

@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 
 from tandem.errors import TandemError
 from tandem.models.base import CausalLM
-from tandem.serve.admission import CloudLimits, admit, context_tokens
 from tandem.models.batching import VerifyBatcher
+from tandem.serve.admission import CloudLimits, admit, context_tokens
 from tandem.serve.cloud_metrics import CloudMetrics, serve_metrics
 from tandem.transport import ChannelClosed, Error, Message, Server, TransportConfig, serve
 
@@ -100,7 +100,7 @@ def _is_dragon_start(msg: Message) -> bool:
 async def _serve_dragon(channel, first: Message, resources: CloudResources):
     from tandem.protocols.dragon import serve_cloud, wire
 
-    side = resources.extra.get("dragon")  # a tandem.serve.dragon_session.SideSetup
+    side = resources.extra.get("dragon")  # a tandem.protocols.dragon.setup.SideSetup
     if side is None:
         with contextlib.suppress(ChannelClosed):
             await channel.send(wire.error_message("this cloud has no DRAGON corpus (--corpus)"))

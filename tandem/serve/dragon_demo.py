@@ -26,13 +26,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tandem.errors import TandemError
-from tandem.serve.dragon_session import (
-    emulated_link,
-    ensure_index,
-    load_side,
-    run_device_session,
-    set_threads,
-)
+from tandem.protocols.dragon.setup import ensure_index, load_side, set_threads
+from tandem.serve.dragon_session import emulated_link, run_device_session
 
 DEFAULT_QUESTION = (
     "Write an async Python function fetch_with_retry(fetch) for our buoy requests that "

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from tandem.models.base import Cancelled
+from tandem.models.batching import BatchedLM, VerifyBatcher, run_batch
 from tandem.protocols.spec.config import SpecConfig
 from tandem.protocols.spec.verifier import Request, Verifier
 from tandem.sampling.warp import warp
-from tandem.models.batching import BatchedLM, VerifyBatcher, run_batch
 
 SESSIONS = 5
 ROUNDS = 4

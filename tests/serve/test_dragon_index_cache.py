@@ -8,15 +8,15 @@ import pytest
 
 from tandem.errors import TandemError
 from tandem.models.tiny import ByteTokenizer
+from tandem.protocols.dragon import setup as dragon_setup
+from tandem.protocols.dragon.setup import ensure_index
 from tandem.retrieval.index import DOCSTORE_FILE, FAISS_FILE, MANIFEST, check_index
-from tandem.serve import dragon_session
-from tandem.serve.dragon_session import ensure_index
 
 
 @pytest.fixture
 def home(tmp_path, monkeypatch):
     monkeypatch.setenv("TANDEM_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(dragon_session, "EMBEDDER", "hashing-128")  # no MiniLM in a unit test
+    monkeypatch.setattr(dragon_setup, "EMBEDDER", "hashing-128")  # no MiniLM in a unit test
     return tmp_path / "home"
 
 

@@ -155,9 +155,9 @@ def test_rapid_cloud_reset_loses_nothing(tiny_lm, rapid_cloud, one_torch_thread)
 @pytest.mark.slow
 def test_dragon_cloud_reset_loses_nothing(tiny_lm, tiny_lm_b, one_torch_thread):
     from tandem.protocols.dragon import Knowledge
+    from tandem.protocols.dragon.setup import SideSetup
     from tandem.retrieval.embedder import HashingEmbedder
     from tandem.serve.api.retrieval import DragonBackend
-    from tandem.serve.dragon_session import SideSetup
 
     embedder = HashingEmbedder(64)
     device = Knowledge.from_texts(

@@ -194,7 +194,7 @@ async def _drdg_sw(channel, *, lm, knowledge, question, config) -> dict:
 
 def cloud_main(argv: list[str] | None = None) -> None:
     """A cloud process serving DRAGON and every baseline (used by the DRAGON benchmarks)."""
-    from tandem.serve.dragon_session import load_side, set_threads, transport_config
+    from tandem.protocols.dragon.setup import load_side, set_threads, transport_config
     from tandem.testbed.cpus import machine_state
     from tandem.transport import serve
     from tandem.transport.proxy import parse_hostport

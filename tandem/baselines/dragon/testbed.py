@@ -198,7 +198,7 @@ def baseline_record(report) -> dict:
 async def run_one(setup, host: str, port: int, request: dict) -> dict:
     from tandem.baselines.dragon.device import run_baseline_device, run_crcg_device
     from tandem.protocols.dragon import DragonConfig, connect_device
-    from tandem.serve.dragon_session import transport_config
+    from tandem.protocols.dragon.setup import transport_config
     from tandem.transport import connect
 
     method, question = request["method"], request["question"]
@@ -220,7 +220,7 @@ async def run_one(setup, host: str, port: int, request: dict) -> dict:
 
 
 def worker_main(argv: list[str] | None = None) -> None:
-    from tandem.serve.dragon_session import load_side, set_threads
+    from tandem.protocols.dragon.setup import load_side, set_threads
     from tandem.testbed.cpus import machine_state
     from tandem.transport.proxy import parse_hostport
 

@@ -4,7 +4,7 @@ Words used here:
 - *question*: the user's text (`GenParams.question`); DRAGON puts it after each side's
   retrieved documents, RAPID after the device's local text (C^S).
 - *dragon*: `tandem.protocols.dragon` against `tandem cloud serve --corpus ...`, with the
-  device's private corpus loaded once (`tandem.serve.dragon_session.load_side`). DRAGON
+  device's private corpus loaded once (`tandem.protocols.dragon.setup.load_side`). DRAGON
   degrades by itself when the cloud dies mid-generation (`SideReport.degraded`); a cloud that
   cannot be reached at the start is replaced by the device model alone on the plain prompt.
 - *rapid*: `tandem.protocols.rapid.edge.device_generate` against a RAPID cloud

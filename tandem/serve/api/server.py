@@ -99,8 +99,8 @@ def build_backend(settings: DeviceServeSettings, lm, *, secret=None) -> Backend:
     if settings.mode == "ar":
         return CloudARBackend(lm, host=host, port=port, transport=transport)
     if settings.mode == "dragon":
+        from tandem.protocols.dragon.setup import load_side
         from tandem.serve.api.retrieval import DragonBackend
-        from tandem.serve.dragon_session import load_side
 
         if not settings.corpus:
             raise TandemError("--mode dragon needs --corpus (the device's private corpus)")

@@ -219,9 +219,9 @@ def test_end_of_sequence_stops_both_sides(tiny_lm, tiny_lm_b, corpora, monkeypat
 def test_dragon_mode_of_the_multi_mode_cloud_server(tiny_lm, tiny_lm_b, corpora):
     """`tandem cloud serve --corpus ...` path: the registry dispatches a DRAGON start."""
     from tandem.protocols.dragon import connect_device
+    from tandem.protocols.dragon.setup import SideSetup
     from tandem.serve.cloud import CloudResources, CloudServer, cloud_transport
     from tandem.serve.device import device_transport
-    from tandem.serve.dragon_session import SideSetup
 
     cfg = config(max_new_tokens=8)
     expected = central(tiny_lm, tiny_lm_b, corpora, cfg).greedy()

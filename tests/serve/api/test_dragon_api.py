@@ -8,10 +8,10 @@ import httpx2 as httpx
 
 from tandem.protocols.dragon import DragonConfig, Knowledge
 from tandem.protocols.dragon.reference import CentralPair
+from tandem.protocols.dragon.setup import SideSetup
 from tandem.retrieval.embedder import HashingEmbedder
 from tandem.serve.api.retrieval import DragonBackend
 from tandem.serve.api.server import device_transport_for
-from tandem.serve.dragon_session import SideSetup
 from tandem.serve.settings import DeviceServeSettings
 
 from .helpers import SECRET, CloudThread, api, visible
