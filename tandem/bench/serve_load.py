@@ -14,9 +14,11 @@ its own; the event loop, sampling, codecs and the loopback sockets are not pinne
 
 Measures per (N, variant): total tokens/s = all sessions' tokens / wall time from the first
 start to the last end; per-session tokens/s (mean of tokens / the session's own time);
-session latency p50 / p95 (start to last token, seconds); time per output token p50 / p95
-(ms, from each session's token times); the cloud's verification batches (count by size, mean
-size) and forward passes. Outputs are checked to be equal with batching on and off.
+session latency p50 / p95 / p99 (start to last token, seconds); time per output token p50 /
+p95 / p99 (ms, from each session's token times); sessions held to the end and sessions the
+cloud refused (its admission limit `max_sessions`, by reason); the cloud's verification
+batches (count by size, mean size) and forward passes. Outputs are checked to be equal with
+batching on and off.
 
 Because the devices share the process (and the device model's lock), their drafting can be the
 bottleneck, which hides what batching does for the cloud. So the cloud's verification capacity
@@ -62,6 +64,8 @@ def session_settings(i: int, tokenizer, *, tokens: int, pipeline: str, codec: st
 
 async def _run_point(device_lm, cloud_lm, *, sessions: int, batching: bool, settings: dict):
     """One cloud, one warm-up session, then `sessions` concurrent ones; their measurements."""
+    from tandem.errors import TandemError
+    from tandem.serve.admission import CloudLimits
     from tandem.serve.cloud import CloudServer, cloud_resources, cloud_transport
     from tandem.serve.device import device_transport, run_generation
     from tandem.transport import LinkConfig
@@ -70,7 +74,7 @@ async def _run_point(device_lm, cloud_lm, *, sessions: int, batching: bool, sett
     resources = cloud_resources(
         cloud_lm, batching=batching, batch_window_ms=settings["batch_window_ms"]
     )
-    cloud = CloudServer(resources)
+    cloud = CloudServer(resources, limits=CloudLimits(max_sessions=settings["max_sessions"]))
     server = await cloud.start(
         "127.0.0.1", 0, transport=cloud_transport(cloud_lm, secret=b"bench", link=link)
     )
@@ -94,12 +98,21 @@ async def _run_point(device_lm, cloud_lm, *, sessions: int, batching: bool, sett
             resources.batcher.batch_sizes.clear()
         passes_before = sum(len(r.get("verify_s", ())) for _, r in resources.reports if r)
         start = time.perf_counter()
-        reports = await asyncio.gather(*(one(i) for i in range(sessions)))
+        outcomes = await asyncio.gather(*(one(i) for i in range(sessions)), return_exceptions=True)
         wall = time.perf_counter() - start
         passes = sum(len(r.get("verify_s", ())) for _, r in resources.reports if r) - passes_before
     finally:
         await server.close()
         await cloud.close()
+    reports = [r for r in outcomes if not isinstance(r, BaseException)]
+    refused = [r for r in outcomes if isinstance(r, TandemError) and "cloud error" in str(r)]
+    failed = [r for r in outcomes if isinstance(r, BaseException) and r not in refused]
+    if failed:
+        raise failed[0]
+    reasons: dict[str, int] = {}
+    for exc in refused:
+        reason = str(exc).split("cloud error: ", 1)[-1].split(":")[0]
+        reasons[reason] = reasons.get(reason, 0) + 1
     tokens = [len(r.tokens) for r in reports]
     gaps = [
         1e3 * (b - a)
@@ -116,11 +129,18 @@ async def _run_point(device_lm, cloud_lm, *, sessions: int, batching: bool, sett
         "total_tok_s": sum(tokens) / wall,
         "per_session_tok_s": statistics.mean(
             n / r.total_s for n, r in zip(tokens, reports, strict=True)
-        ),
+        )
+        if reports
+        else 0.0,
         "latency_p50_s": _percentile([r.total_s for r in reports], 0.5),
         "latency_p95_s": _percentile([r.total_s for r in reports], 0.95),
+        "latency_p99_s": _percentile([r.total_s for r in reports], 0.99),
         "tpot_p50_ms": _percentile(gaps, 0.5),
         "tpot_p95_ms": _percentile(gaps, 0.95),
+        "tpot_p99_ms": _percentile(gaps, 0.99),
+        "sessions_held": len(reports),  # served to the end
+        "refused": len(refused),  # turned away by the cloud's admission limits
+        "refusal_reasons": reasons,
         "verify_passes": passes,  # per-session verifications (a batch counts once per session)
         "batches": batches,
         "batch_sizes": {str(k): v for k, v in sorted(sizes.items())},
@@ -143,6 +163,7 @@ def run(
     repeats: int = 1,
     name: str = "serve_load",
     cpus: dict[str, list[int]] | None = None,
+    max_sessions: int = 64,
 ) -> dict[str, Any]:
     """Run the bench (module docstring); save NAME.json / .png. `cpus`: each side's cores
     (default `tandem.testbed.cpus.role_cpus()`)."""
@@ -165,7 +186,7 @@ def run(
     }
     settings = {
         "tokens": tokens, "delay_ms": delay_ms, "batch_window_ms": batch_window_ms,
-        "pipeline": pipeline, "codec": codec,
+        "pipeline": pipeline, "codec": codec, "max_sessions": max_sessions,
     }  # fmt: skip
     with pinned(models, machines.cpus, machines.observed) as sides:
         points, capacity = _measure(sides["device"], sides["cloud"], sessions, repeats, settings)

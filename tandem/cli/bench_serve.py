@@ -24,6 +24,9 @@ def serve_load(
     device_cpus: str = DEVICE_CPUS,
     cloud_cpus: str = CLOUD_CPUS,
     repeats: int = typer.Option(3, "--repeats", min=1, help="Off/on alternations (medians)."),
+    max_sessions: int = typer.Option(
+        64, "--max-sessions", min=1, help="The cloud's admission limit (more are refused)."
+    ),
     name: str = typer.Option("serve_load", "--name", help="Result file name (no suffix)."),
     out: Path = typer.Option(Path("bench/results"), "--out", help="Folder for JSON and PNG."),
 ) -> None:
@@ -34,12 +37,15 @@ def serve_load(
         device_model=device_model, cloud_model=cloud_model, sessions=sessions, tokens=tokens,
         delay_ms=delay, batch_window_ms=batch_window_ms, pipeline=pipeline, codec=codec,
         out=out, repeats=repeats, name=name, cpus=role_cpus(device_cpus, cloud_cpus),
+        max_sessions=max_sessions,
     )  # fmt: skip
     for p in payload["points"]:
         typer.echo(
             f"{p['sessions']:>3} sessions  batching {'on ' if p['batching'] else 'off'}  "
             f"{p['total_tok_s']:7.1f} tok/s total  {p['per_session_tok_s']:6.2f} per session  "
-            f"p50/p95 {p['latency_p50_s']:.2f}/{p['latency_p95_s']:.2f} s  "
+            f"p50/p99 {p['latency_p50_s']:.2f}/{p['latency_p99_s']:.2f} s  "
+            f"token p50/p99 {p['tpot_p50_ms']:.0f}/{p['tpot_p99_ms']:.0f} ms  "
+            f"held {p['sessions_held']} refused {p['refused']}  "
             f"mean batch {p['mean_batch_size']:.1f}"
         )
     for c in payload["verify_capacity"]:

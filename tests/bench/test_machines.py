@@ -58,3 +58,18 @@ def test_serve_bench_runs_each_side_on_its_cores(tmp_path):
         seen = saved["machines"]["observed"][role]
         assert seen["cpus"] == sets[role] and seen["engine_threads"] == len(sets[role])
     assert all(p["same_outputs_as_unbatched"] for p in payload["points"] if p["batching"])
+
+
+def test_serve_bench_counts_refused_sessions(tmp_path):
+    from tandem.bench.serve_load import run
+
+    payload = run(
+        device_model="tiny-qwen2", cloud_model="tiny-qwen2-b", sessions=[4], tokens=3,
+        delay_ms=20.0, batch_window_ms=2.0, pipeline="sync", codec="dense", out=tmp_path,
+        max_sessions=2,
+    )  # fmt: skip
+    for point in payload["points"]:
+        assert point["sessions_held"] + point["refused"] == 4
+        assert point["sessions_held"] >= 1 and point["refused"] >= 1, point
+        assert set(point["refusal_reasons"]) == {"cloud full"}
+        assert point["tpot_p99_ms"] >= point["tpot_p50_ms"]
