@@ -283,10 +283,9 @@ def measure_rate(link: _Link, rates_mbit: list[float], seconds: float, delay_ms:
 
 
 def _plot(result: dict, path: Path) -> None:
-    import matplotlib
+    from tandem.bench.report import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, (ax_a, ax_b, ax_c) = plt.subplots(1, 3, figsize=(16, 4.8))
     names = list(result["latency"])

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tandem.errors import TandemError
 from tandem.testbed.cpus import loadavg, machine_state, overlap
 
 
@@ -91,12 +92,24 @@ def save_json(
     return path
 
 
-def new_figure(ncols: int = 1, nrows: int = 1, size: tuple[float, float] = (6.0, 4.0)):
-    import matplotlib
-
+def pyplot():
+    """matplotlib's pyplot on the Agg backend; matplotlib is optional (`tandem[bench]`), and
+    every benchmark saves its JSON before it draws."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise TandemError(
+            "matplotlib is not installed, so no PNG was drawn (the JSON is saved): "
+            "pip install 'tandem[bench]'"
+        ) from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def new_figure(ncols: int = 1, nrows: int = 1, size: tuple[float, float] = (6.0, 4.0)):
+    plt = pyplot()
     fig, axes = plt.subplots(
         nrows, ncols, figsize=(size[0] * ncols, size[1] * nrows), squeeze=False
     )
@@ -104,8 +117,7 @@ def new_figure(ncols: int = 1, nrows: int = 1, size: tuple[float, float] = (6.0,
 
 
 def save_png(fig, out: Path, name: str) -> Path:
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{name}.png"
     fig.tight_layout()

@@ -73,3 +73,16 @@ def test_serve_bench_counts_refused_sessions(tmp_path):
         assert point["sessions_held"] >= 1 and point["refused"] >= 1, point
         assert set(point["refusal_reasons"]) == {"cloud full"}
         assert point["tpot_p99_ms"] >= point["tpot_p50_ms"]
+
+
+def test_plots_without_matplotlib_are_one_line(monkeypatch):
+    import sys
+
+    import pytest
+
+    from tandem.bench.report import new_figure
+    from tandem.errors import TandemError
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    with pytest.raises(TandemError, match=r"pip install 'tandem\[bench\]'"):
+        new_figure()
