@@ -257,9 +257,11 @@ def _register_subcommands() -> None:
     """Benchmarks that live in their own CLI modules."""
     from tandem.cli import bench_dragon
     from tandem.cli.bench_dragon_quality import perplexity, scheduling
+    from tandem.cli.bench_humaneval import humaneval
     from tandem.cli.bench_serve import serve_load
 
     app.command("serve")(serve_load)
+    app.command("humaneval")(humaneval)
     bench_dragon.app.command("perplexity")(perplexity)
     bench_dragon.app.command("scheduling")(scheduling)
     app.add_typer(bench_dragon.app, name="dragon", help="DRAGON: Figs. 5-8 and Theorem 6.2.")
