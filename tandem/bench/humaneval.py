@@ -6,7 +6,7 @@ mode, one-way delay RTT/2 each way; a network of its own, named after this proce
 and other benches do not tear each other's proxy down); this process is the device (the draft model) and runs each generation through the device runtime of `tandem
 device run` (`tandem.serve.device.run_generation`). Device and cloud get one core set each
 (`tandem.testbed.cpus.role_cpus`: on 2 cores, device = core 0, cloud = core 1): the cloud is
-pinned from its start (`tandem.transport.netns.side_argv`), this process before its model
+pinned from its start (`tandem.testbed.netns.side_argv`), this process before its model
 loads. For each problem the
 modes run side by side (same prompt, seed and budget); a warm-up problem goes first and is
 discarded. Afterwards, untimed: each completion runs its tests in a subprocess
@@ -159,7 +159,7 @@ def _generate_all(chosen, modes, config, machines, rtt_ms, rate_mbit, device_mod
     from tandem.models.registry import load_model
     from tandem.serve.device import device_transport
     from tandem.testbed import cpus
-    from tandem.transport.proxy import parse_hostport
+    from tandem.testbed.proxy import parse_hostport
 
     networked = any(MODES[m][0] != "local" for m in modes)
     runs: list[dict] = []
@@ -199,7 +199,7 @@ class _Cloud:
 
     def __init__(self, model: str, cores: dict, rtt_ms: float, rate_mbit: float, tmp: Path):
         from tandem.bench.spec_net import SECRET, tandem_argv
-        from tandem.transport.netns import NetConfig, net_up, side_argv
+        from tandem.testbed.netns import NetConfig, net_up, side_argv
 
         self.name, self.log = f"tandem-humaneval-{os.getpid()}", tmp / "cloud.log"
         self.status = net_up(NetConfig(
@@ -231,7 +231,7 @@ class _Cloud:
         return f"(cloud process {alive}) {text[-600:]}"
 
     def close(self) -> None:
-        from tandem.transport.netns import net_down
+        from tandem.testbed.netns import net_down
 
         self.process.terminate()
         try:

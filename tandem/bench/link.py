@@ -35,14 +35,14 @@ from pathlib import Path
 
 from tandem.bench.report import Machines, save_json
 from tandem.errors import TandemError
-from tandem.transport.netns import (
+from tandem.testbed.netns import (
     NetConfig,
     net_down,
     net_up,
     netns_unavailable_reason,
     side_argv,
 )
-from tandem.transport.proxy import DelayProxy, ProxyConfig
+from tandem.testbed.proxy import DelayProxy, ProxyConfig
 
 BENCH_NET = "tandem-bench"
 MESSAGE = bytes(16)
@@ -211,7 +211,7 @@ class _Link:
         if self.server is None:
             ready = self.state_dir / f"{BENCH_NET}.probe.ready"
             ready.unlink(missing_ok=True)
-            argv = [sys.executable, "-m", "tandem.transport.probe"]
+            argv = [sys.executable, "-m", "tandem.testbed.probe"]
             argv += ["serve", "--listen", self.status.service, "--ready-file", str(ready)]
             argv = side_argv(self.status, "cloud", argv)
             self.server = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
@@ -222,7 +222,7 @@ class _Link:
                 time.sleep(0.02)
 
     def measure(self, *, pings: int, upload_bytes: int = 0, download_bytes: int = 0) -> dict:
-        argv = [sys.executable, "-m", "tandem.transport.probe"]
+        argv = [sys.executable, "-m", "tandem.testbed.probe"]
         argv += ["measure", "--connect", self.status.connect, "--pings", str(pings)]
         argv += ["--upload-bytes", str(upload_bytes), "--download-bytes", str(download_bytes)]
         argv = side_argv(self.status, "device", argv)
@@ -392,7 +392,7 @@ def run(
     cores of the probe's two ends (default `tandem.testbed.cpus.role_cpus()`).
     """
     from tandem.testbed.cpus import role_cpus
-    from tandem.transport.netns import state_dir
+    from tandem.testbed.netns import state_dir
 
     machines = Machines(
         cpus=cpus or role_cpus(),

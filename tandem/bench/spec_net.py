@@ -10,7 +10,7 @@ PicoSpec's async pipeline, both with separate rejection, greedy. The device's JS
 (`--json`) gives the numbers: throughput = tokens / total time (TTFT included).
 
 Each side runs on its own cores (`--device-cpus`, `--cloud-cpus`; default device = core 0,
-cloud = core 1 on a 2-core box), pinned from its start (`tandem.transport.netns.side_argv`),
+cloud = core 1 on a 2-core box), pinned from its start (`tandem.testbed.netns.side_argv`),
 with `--threads` = the cores it owns; the JSON's `machines` records the sets and the cloud
 process's affinity as the kernel reports it. As in the `cpu` regime of `tandem bench spec`,
 the cloud (1.5B) is ~3x slower per token than the device (0.5B).
@@ -33,7 +33,7 @@ from rich.table import Table
 from tandem.bench.report import Machines, new_figure, save_json, save_png
 from tandem.bench.spec import PROMPTS
 from tandem.errors import TandemError
-from tandem.transport.netns import (
+from tandem.testbed.netns import (
     NetConfig,
     net_down,
     net_up,

@@ -64,7 +64,7 @@ def serve(
     """Serve speculative decoding (and the cloud-AR baseline) to devices over TCP."""
     flags = {k: v for k, v in locals().items() if k not in ("config", "secret", "listen")}
     if listen:
-        from tandem.transport.proxy import parse_hostport
+        from tandem.testbed.proxy import parse_hostport
 
         flags["host"], flags["port"] = parse_hostport(listen)
     import asyncio

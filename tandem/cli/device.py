@@ -92,7 +92,7 @@ def run(
     from tandem.serve.api.server import build_backend
     from tandem.serve.device import DEVICE_MODES
     from tandem.serve.settings import DeviceServeSettings, merge_flags
-    from tandem.transport.proxy import parse_hostport
+    from tandem.testbed.proxy import parse_hostport
 
     if cloud:
         host, port = parse_hostport(cloud)

@@ -48,8 +48,8 @@ def up(
 ) -> None:
     """Create (or reconfigure) the device and cloud namespaces, the delay proxy and each side's
     cores."""
-    from tandem.transport.netns import NetConfig, net_up
-    from tandem.transport.proxy import parse_outage
+    from tandem.testbed.netns import NetConfig, net_up
+    from tandem.testbed.proxy import parse_outage
 
     sets = role_cpus(device_cpus, cloud_cpus)
     config = NetConfig(
@@ -70,7 +70,7 @@ def up(
 @app.command("down")
 def down(name: str = NAME) -> None:
     """Remove the namespaces, the proxy and every process left inside (safe to repeat)."""
-    from tandem.transport.netns import net_down
+    from tandem.testbed.netns import net_down
 
     removed = net_down(name)
     typer.echo("removed: " + ", ".join(removed) if removed else f"network {name!r} was not up")
@@ -79,7 +79,7 @@ def down(name: str = NAME) -> None:
 @app.command("status")
 def status(name: str = NAME) -> None:
     """Say what is up: mode, link settings, where to connect, which path gives the delay."""
-    from tandem.transport.netns import net_status
+    from tandem.testbed.netns import net_status
 
     _print_status(net_status(name))
 
@@ -92,7 +92,7 @@ def exec_(
 ) -> None:
     """Run a command inside the device or cloud side, pinned to that side's cores:
     `tandem net exec cloud -- CMD ...`."""
-    from tandem.transport.netns import net_exec
+    from tandem.testbed.netns import net_exec
 
     raise typer.Exit(net_exec(side, command, name))
 

@@ -131,7 +131,7 @@ def serve(
     """Cloud side: serve RAPID verification over a long context (until interrupted)."""
     from tandem.models.registry import load_model
     from tandem.serve.rapid import serve_cloud
-    from tandem.transport.proxy import parse_hostport
+    from tandem.testbed.proxy import parse_hostport
 
     if listen:
         host, port = parse_hostport(listen)
@@ -170,7 +170,7 @@ def device(
     """Device side: retrieve C^S locally and draft for the cloud's long-context target."""
     from tandem.models.registry import load_model
     from tandem.serve.rapid import run_device
-    from tandem.transport.proxy import parse_hostport
+    from tandem.testbed.proxy import parse_hostport
 
     host, port = parse_hostport(connect)
     config, retrieval = _configs(

@@ -95,7 +95,7 @@ async def run_device_session(
 
 def cloud_main(argv: list[str] | None = None) -> None:
     """Entry point of a cloud process (used by `tandem demo`)."""
-    from tandem.transport.proxy import parse_hostport
+    from tandem.testbed.proxy import parse_hostport
 
     parser = argparse.ArgumentParser(prog="python -m tandem.serve.dragon_session")
     parser.add_argument("--corpus", required=True)

@@ -14,8 +14,8 @@ from tandem.errors import TandemError
 from tandem.protocols.spec import SpecConfig, wire
 from tandem.serve.admission import CloudLimits, admit
 from tandem.serve.device import device_transport
+from tandem.testbed.proxy import DelayProxy, ProxyConfig
 from tandem.transport import connect
-from tandem.transport.proxy import DelayProxy, ProxyConfig
 
 from .cloud_helpers import SECRET, LoopbackCloud, generate, metric, session_config
 

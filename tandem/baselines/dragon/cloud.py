@@ -196,8 +196,8 @@ def cloud_main(argv: list[str] | None = None) -> None:
     """A cloud process serving DRAGON and every baseline (used by the DRAGON benchmarks)."""
     from tandem.protocols.dragon.setup import load_side, set_threads, transport_config
     from tandem.testbed.cpus import machine_state
+    from tandem.testbed.proxy import parse_hostport
     from tandem.transport import serve
-    from tandem.transport.proxy import parse_hostport
 
     parser = argparse.ArgumentParser(prog="python -m tandem.baselines.dragon.cloud")
     parser.add_argument("--corpus", required=True, help="index folder (or corpus folder)")

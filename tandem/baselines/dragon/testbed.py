@@ -83,7 +83,7 @@ class Testbed:
         self.close()
 
     def _net(self, delay_ms: float):
-        from tandem.transport.netns import NetConfig, net_up, netns_unavailable_reason
+        from tandem.testbed.netns import NetConfig, net_up, netns_unavailable_reason
 
         if not hasattr(self, "ports"):
             loopback = netns_unavailable_reason() is not None
@@ -98,7 +98,7 @@ class Testbed:
         return net_up(config)
 
     def _start(self) -> None:
-        from tandem.transport.netns import side_argv
+        from tandem.testbed.netns import side_argv
 
         self.status = self._net(0.0)
         env = {**os.environ, "TANDEM_SECRET": secrets.token_hex(16)}
@@ -135,7 +135,7 @@ class Testbed:
         self.observed["device"] = self._read().get("machine", {})  # the worker's ready line
 
     def close(self) -> None:
-        from tandem.transport.netns import net_down
+        from tandem.testbed.netns import net_down
 
         try:
             for proc in reversed(self.procs):
@@ -222,7 +222,7 @@ async def run_one(setup, host: str, port: int, request: dict) -> dict:
 def worker_main(argv: list[str] | None = None) -> None:
     from tandem.protocols.dragon.setup import load_side, set_threads
     from tandem.testbed.cpus import machine_state
-    from tandem.transport.proxy import parse_hostport
+    from tandem.testbed.proxy import parse_hostport
 
     parser = argparse.ArgumentParser(prog="python -m tandem.baselines.dragon.testbed")
     parser.add_argument("--corpus", required=True)

@@ -34,7 +34,7 @@ project's namespace link `LINK_SUBNET`; anything else is refused before any sock
 
 Run as a process (this is how `tandem net up` starts it inside the cloud namespace)::
 
-    python -m tandem.transport.proxy --listen 10.203.0.2:7401 --upstream 127.0.0.1:7400 \
+    python -m tandem.testbed.proxy --listen 10.203.0.2:7401 --upstream 127.0.0.1:7400 \
         --delay-ms 50 --jitter-ms 5 --rate-mbit 20 --outage 10:2 --ready-file /run/tandem/x
 """
 
@@ -416,7 +416,7 @@ async def _serve_forever(config: ProxyConfig, ready_file: Path | None) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m tandem.transport.proxy", description=__doc__.splitlines()[0]
+        prog="python -m tandem.testbed.proxy", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--listen", required=True, help="HOST:PORT to accept connections on")
     parser.add_argument("--upstream", required=True, help="HOST:PORT to forward each connection to")

@@ -14,9 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tandem.errors import TandemError
-from tandem.transport import probe
-from tandem.transport import proxy as proxy_module
-from tandem.transport.proxy import (
+from tandem.testbed import probe
+from tandem.testbed import proxy as proxy_module
+from tandem.testbed.proxy import (
     Bucket,
     DelayProxy,
     ProxyConfig,

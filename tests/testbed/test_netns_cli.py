@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from tandem.cli import app
 from tandem.errors import TandemError
-from tandem.transport.netns import net_down
+from tandem.testbed.netns import net_down
 
 
 def _free_port() -> int:

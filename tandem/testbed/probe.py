@@ -18,8 +18,8 @@ Rates are reported as payload Mbit/s (10**6 bits) with the median RTT subtracted
 
 Processes (as `tandem net exec` runs them)::
 
-    python -m tandem.transport.probe serve --listen 127.0.0.1:7400 --ready-file F
-    python -m tandem.transport.probe measure --connect 10.203.0.2:7401 --pings 10 \
+    python -m tandem.testbed.probe serve --listen 127.0.0.1:7400 --ready-file F
+    python -m tandem.testbed.probe measure --connect 10.203.0.2:7401 --pings 10 \
         --upload-bytes 4000000 --download-bytes 4000000      # prints one JSON object
 """
 
@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tandem.errors import TandemError
-from tandem.transport.proxy import check_target, parse_hostport
+from tandem.testbed.proxy import check_target, parse_hostport
 
 HEADER = struct.Struct(">cQ")
 CHUNK = 65536
@@ -224,7 +224,7 @@ async def _serve_forever(host: str, port: int, ready_file: Path | None) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m tandem.transport.probe", description=__doc__.splitlines()[0]
+        prog="python -m tandem.testbed.probe", description=__doc__.splitlines()[0]
     )
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="run the probe server until SIGTERM")

@@ -19,7 +19,7 @@ import pytest
 
 from tandem.errors import TandemError
 from tandem.testbed.cpus import available, plan
-from tandem.transport.netns import (
+from tandem.testbed.netns import (
     CLOUD_ADDRESS,
     WIRE_OVERHEAD,
     NetConfig,
@@ -117,7 +117,7 @@ def _free_port() -> int:
 
 
 def _start_probe_server(prefix: list[str], listen: str, ready_file: Path) -> subprocess.Popen:
-    argv = [*prefix, sys.executable, "-m", "tandem.transport.probe", "serve"]
+    argv = [*prefix, sys.executable, "-m", "tandem.testbed.probe", "serve"]
     argv += ["--listen", listen, "--ready-file", str(ready_file)]
     server = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
     deadline = time.monotonic() + 15
@@ -128,7 +128,7 @@ def _start_probe_server(prefix: list[str], listen: str, ready_file: Path) -> sub
 
 
 def _measure(prefix: list[str], connect: str, **amounts: int) -> dict:
-    argv = [*prefix, sys.executable, "-m", "tandem.transport.probe", "measure"]
+    argv = [*prefix, sys.executable, "-m", "tandem.testbed.probe", "measure"]
     argv += ["--connect", connect, "--pings", "7"]
     for key, value in amounts.items():
         argv += [f"--{key.replace('_', '-')}", str(value)]
@@ -232,7 +232,7 @@ def test_taken_proxy_port_is_reported_at_once(net_name):
 
 def test_without_root_auto_falls_back_to_loopback_and_netns_refuses(net_name, monkeypatch):
     name, _ = net_name
-    monkeypatch.setattr("tandem.transport.netns.os.geteuid", lambda: 1000)
+    monkeypatch.setattr("tandem.testbed.netns.os.geteuid", lambda: 1000)
     assert netns_unavailable_reason() == "not root"
     with pytest.raises(TandemError, match="namespaces unavailable: not root"):
         net_up(NetConfig(name=name, mode="netns"))

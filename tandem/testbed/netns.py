@@ -11,7 +11,7 @@
 The device connects to `NetStatus.connect` (the proxy); the cloud service listens on
 127.0.0.1:service_port inside the cloud namespace (bind loopback, so nothing bypasses the
 proxy). Rate comes from the `tbf` qdisc on each veth end; delay, jitter and outages come
-from the TCP delay proxy (`tandem.transport.proxy`), because this kernel has no `netem`.
+from the TCP delay proxy (`tandem.testbed.proxy`), because this kernel has no `netem`.
 Where the kernel does have netem (detected on the veth itself), netem on both veth ends
 gives the delay and jitter instead and the proxy only adds outages; `NetStatus.delay_path`
 says which ("proxy" or "netem").
@@ -54,7 +54,7 @@ from typing import Literal
 
 from tandem.errors import TandemError
 from tandem.testbed.cpus import pinned_argv, plan
-from tandem.transport.proxy import LINK_SUBNET
+from tandem.testbed.proxy import LINK_SUBNET
 
 DEVICE_ADDRESS = str(LINK_SUBNET.network_address + 1)  # 10.203.0.1
 CLOUD_ADDRESS = str(LINK_SUBNET.network_address + 2)  # 10.203.0.2
@@ -166,7 +166,7 @@ def proxy_argv(
     config: NetConfig, *, listen_host: str, netem: bool, loopback: bool, ready_file: Path
 ) -> list[str]:
     """The proxy's command line (without any `ip netns exec` prefix)."""
-    argv = [sys.executable, "-m", "tandem.transport.proxy"]
+    argv = [sys.executable, "-m", "tandem.testbed.proxy"]
     argv += [
         "--listen",
         f"{listen_host}:{config.proxy_port}",
@@ -223,7 +223,7 @@ def netns_unavailable_reason() -> str | None:
     return None
 
 
-def _alive(pid: int | None, marker: str = "tandem.transport.proxy") -> bool:
+def _alive(pid: int | None, marker: str = "tandem.testbed.proxy") -> bool:
     if not pid:
         return False
     try:
