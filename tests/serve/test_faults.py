@@ -13,10 +13,8 @@ the next trial also checks that a cloud that returns is used again.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import random
-import threading
 
 import pytest
 
@@ -26,7 +24,7 @@ from tandem.serve.api.backends import GenParams
 from tandem.serve.api.server import build_backend, device_transport_for
 from tandem.serve.settings import DeviceServeSettings
 
-from .api.helpers import SECRET, CloudThread
+from .api.helpers import SECRET, CloudThread, RapidCloudThread
 from .fault_relay import FaultRelay
 
 TRIALS = int(os.environ.get("TANDEM_FAULT_TRIALS", "200"))  # per mode
@@ -51,21 +49,9 @@ def cloud(tiny_lm_b):
 
 @pytest.fixture(scope="module")
 def rapid_cloud(tiny_lm_b):
-    from tandem.protocols.rapid.edge import cloud_handler
-    from tandem.serve.cloud import cloud_transport
-    from tandem.transport import serve
-
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    start = serve(cloud_handler(tiny_lm_b, CONTEXT * 4), "127.0.0.1", 0,
-                  config=cloud_transport(tiny_lm_b, secret=SECRET))  # fmt: skip
-    server = asyncio.run_coroutine_threadsafe(start, loop).result(30)
-    yield server.port
-    asyncio.run_coroutine_threadsafe(server.close(grace=1.0), loop).result(30)
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(timeout=10)
-    loop.close()
+    cloud = RapidCloudThread(tiny_lm_b, CONTEXT * 4)
+    yield cloud.port
+    cloud.stop()
 
 
 def device_alone(lm, prompt_ids: list[int], prefix: list[int], n: int) -> list[int]:

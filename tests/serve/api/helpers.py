@@ -50,6 +50,28 @@ class CloudThread:
         self.loop.close()
 
 
+class RapidCloudThread:
+    """A RAPID cloud (its target reads `context` in full) on 127.0.0.1 in a daemon thread."""
+
+    def __init__(self, lm, context: str) -> None:
+        from tandem.protocols.rapid.edge import cloud_handler
+        from tandem.transport import serve
+
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        start = serve(cloud_handler(lm, context), "127.0.0.1", 0,
+                      config=cloud_transport(lm, secret=SECRET))  # fmt: skip
+        self.server = asyncio.run_coroutine_threadsafe(start, self.loop).result(30)
+        self.port = self.server.port
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.server.close(grace=1.0), self.loop).result(30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+        self.loop.close()
+
+
 def api(lm, *, backend=None, secret=SECRET, **settings) -> ServerThread:
     """A started HTTP API server for `lm` (settings: DeviceServeSettings fields)."""
     config = DeviceServeSettings(model=lm.name, **settings)

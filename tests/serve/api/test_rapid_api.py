@@ -4,35 +4,21 @@ answers alone from its own RAG prompt."""
 
 from __future__ import annotations
 
-import asyncio
-import threading
-
 import httpx2 as httpx
 import pytest
 
-from tandem.protocols.rapid.edge import cloud_handler
 from tandem.protocols.rapid.prompts import drafter_prompt
-from tandem.serve.cloud import cloud_transport
-from tandem.transport import serve
 
-from .helpers import SECRET, api, greedy_text
+from .helpers import RapidCloudThread, api, greedy_text
 
 CONTEXT = "The deploy key rotates every Tuesday. Backups run at 02:00 UTC."
 
 
 @pytest.fixture
 def rapid_cloud(tiny_lm_b):
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    transport = cloud_transport(tiny_lm_b, secret=SECRET)
-    start = serve(cloud_handler(tiny_lm_b, CONTEXT * 4), "127.0.0.1", 0, config=transport)
-    server = asyncio.run_coroutine_threadsafe(start, loop).result(30)
-    yield server.port
-    asyncio.run_coroutine_threadsafe(server.close(grace=1.0), loop).result(30)
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(timeout=10)
-    loop.close()
+    cloud = RapidCloudThread(tiny_lm_b, CONTEXT * 4)
+    yield cloud.port
+    cloud.stop()
 
 
 def ask(url: str, **extra) -> httpx.Response:
