@@ -55,6 +55,7 @@ class DragonConfig:
     rtt_probe_s: float = 0.5  # in-band Ping interval while generating (0 = no probes)
     bandwidth_probe_bytes: int = 16_384  # one padding burst at start to estimate the uplink
     switch_margin_s: float = 0.0  # switch only when the other side is better by this much
+    timeline: bool = False  # the cloud sends its per-token timeline to the device at the end
 
     def __post_init__(self) -> None:
         checks = [

@@ -124,6 +124,7 @@ class DocDecoder:
         self.prompt_logits: torch.Tensor | None = None  # [docs, vocab]
         self.kv_hits = 0
         self.decode_calls = 0
+        self.clock = None  # tandem.protocols.dragon.profiler.Timeline, set by a live session
 
     @property
     def num_rows(self) -> int:
@@ -169,10 +170,17 @@ class DocDecoder:
             self._crop(common - 1)
         todo = tokens[len(self.tokens) :]
         if todo:
-            self.lm.decode(self.state, [todo] * self.num_rows, cancel=cancel)
+            began = time.perf_counter()
+            try:  # all k rows in one forward pass (one llama_decode / one HF call)
+                self.lm.decode(self.state, [todo] * self.num_rows, cancel=cancel)
+            finally:  # a cancelled decode's time was spent too
+                self._clock("decode", began)
             self.tokens = self.tokens + list(todo)
             self.decode_calls += 1
         return len(todo)
+
+    def _clock(self, phase: str, began: float) -> float:
+        return self.clock.since(phase, began) if self.clock is not None else time.perf_counter()
 
     def _crop(self, keep: int) -> None:
         self.lm.crop(self.state, self.prompt_len + keep)
@@ -184,5 +192,9 @@ class DocDecoder:
     def law(self) -> SideLaw:
         """The side law after the tokens held now."""
         assert self.state is not None and self.state.logits is not None
+        began = time.perf_counter()
         scores = self.relevance.scores(self.tokens)
-        return side_law(self.state.logits, scores, self.temperature)
+        began = self._clock("relevance", began)
+        law = side_law(self.state.logits, scores, self.temperature)
+        self._clock("law", began)
+        return law

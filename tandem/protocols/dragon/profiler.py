@@ -12,12 +12,23 @@ Words used here:
   No external tools (the paper used ping/sockperf/iperf3).
 - *acceptance tracker*: moving average per side of the expected acceptance rate (paper
   Eq. 5) when sampling, or of the observed 0/1 acceptance when greedy.
+- *timeline* (issue 14): where one side's time goes per output token. *Work phases* are
+  summed busy time (`PHASES`: the decoder thread's decode of the k document rows, relevance
+  scoring, the local mixture, the codec; the event loop's wire (de)serialisation, Algorithm 1,
+  the scheduler, the channel send; and the waits: the decoder idle for lack of room or of a
+  resolution, a message queued in the outbox). The *critical path* splits each gap between
+  two target tokens into waiting for this side's own draft, waiting for the peer (its draft
+  or its target token: network + the peer's compute) and the rest (aggregation, bookkeeping).
+  The offline profile and the drafts' `decode_s` feed the scheduler; the timeline only
+  reports, it never changes a decision.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import time
+from collections import defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -173,3 +184,83 @@ class LinkEstimator:
         """c_trans_here + c_trans_there: latency both ways plus both messages' serialisation
         (the peer's uplink is assumed as fast as ours)."""
         return self.rtt + self.transfer_s(up_bytes + down_bytes)
+
+
+# busy phases, in display order: decoder thread, then event loop, then waits
+PHASES = (
+    "decode", "relevance", "law", "codec",
+    "wire", "aggregate", "schedule", "send",
+    "idle", "outbox",
+)  # fmt: skip
+CRITICAL = ("own", "peer", "resolve")  # the split of every inter-token gap
+
+
+class Timeline:
+    """One side's per-token timeline: busy time per phase (any thread) and, per position, when
+    its own draft was queued, when the peer's answer for it arrived and when it was resolved."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.totals: dict[str, float] = defaultdict(float)  # phase -> seconds
+        self.own: dict[int, float] = {}  # position -> perf_counter when our draft was queued
+        self.peer: dict[int, float] = {}  # position -> the peer's draft or target arrived
+        self.commit: dict[int, float] = {}  # position -> resolved here
+        self.started = time.perf_counter()
+
+    def add(self, phase: str, seconds: float) -> None:
+        with self._lock:
+            self.totals[phase] += seconds
+
+    def since(self, phase: str, began: float) -> float:
+        """Add the time since `began` to `phase`; returns now (to chain phases)."""
+        now = time.perf_counter()
+        self.add(phase, now - began)
+        return now
+
+    def mark(self, what: str, position: int) -> None:
+        """`what`: "own" | "peer" | "commit"; a later mark for a position replaces the earlier
+        one (a redraft after a rejection is the draft that counts)."""
+        getattr(self, what)[position] = time.perf_counter()
+
+    def critical(self) -> list[dict]:
+        """Per resolved position: gap since the previous one (or since the start) in ms, split
+        into own / peer / resolve."""
+        rows, previous = [], self.started
+        for position in sorted(self.commit):
+            done = self.commit[position]
+            own = min(max(self.own.get(position, previous) - previous, 0.0), done - previous)
+            ready = max(previous, self.own.get(position, previous))
+            peer = min(max(self.peer.get(position, ready) - ready, 0.0), done - previous - own)
+            gap = done - previous
+            rows.append(
+                {"position": position, "gap_ms": 1e3 * gap, "own_ms": 1e3 * own,
+                 "peer_ms": 1e3 * peer, "resolve_ms": 1e3 * (gap - own - peer)}
+            )  # fmt: skip
+            previous = done
+        return rows
+
+    def summary(self) -> dict:
+        """JSON: mean ms per output token of every phase and its share of the mean gap between
+        target tokens (the first token, TTFT, is split apart and left out of the means)."""
+        return summarize(dict(self.totals), self.critical())
+
+
+def summarize(totals: dict[str, float], critical: list[dict]) -> dict:
+    tokens = len(critical)
+    later = critical[1:]
+    gap = float(np.mean([r["gap_ms"] for r in later])) if later else 0.0
+    work = {phase: 1e3 * totals.get(phase, 0.0) / max(tokens, 1) for phase in PHASES}
+    path = {
+        part: float(np.mean([r[f"{part}_ms"] for r in later])) if later else 0.0
+        for part in CRITICAL
+    }
+    return {
+        "tokens": tokens,
+        "ttft_ms": critical[0] if critical else None,
+        "mean_gap_ms": gap,
+        "work_ms_per_token": work,
+        "work_share": {p: (v / gap if gap else None) for p, v in work.items()},
+        "critical_ms_per_token": path,
+        "critical_share": {p: (v / gap if gap else None) for p, v in path.items()},
+        "per_token": critical,
+    }

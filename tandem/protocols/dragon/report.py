@@ -8,6 +8,8 @@ Words used here:
 - *resolution log*: for every position, which side resolved it and whether each side's draft
   was accepted: the record-and-replay acceptance trace a scheduling simulator needs.
 - *decision log*: the aggregator's scheduler inputs and output after each aggregation it ran.
+- *timeline*: where this side's time went per output token (`profiler.Timeline.summary()`);
+  *peer timeline*: the cloud's, sent to the device when the settings ask for it.
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ class SideReport:
     rtt_s: float | None = None
     bandwidth_bps: float | None = None
     wall_s: float = 0.0
+    timeline: dict | None = None  # this side's `profiler.Timeline.summary()`
+    peer_timeline: dict | None = None  # the peer's, when `DragonConfig.timeline` asked for it
 
     @property
     def ttft_s(self) -> float | None:
@@ -107,4 +111,6 @@ class SideReport:
             "rtt_s": self.rtt_s,
             "bandwidth_bps": self.bandwidth_bps,
             "wall_s": self.wall_s,
+            "timeline": self.timeline,
+            "peer_timeline": self.peer_timeline,
         }

@@ -20,7 +20,8 @@ Theory of operation (event loop, one per side; the decoder runs in `worker.Draft
                          target tokens as they are, no token lost); cloud: stop
 
 Every message goes through one outbox task, so the peer sees them in the order they were
-decided (a target token always precedes the drafts made after it).
+decided (a target token always precedes the drafts made after it); the outbox, receive loop
+and probes live in `sideio.SideIO`. Both sides keep a `profiler.Timeline` (report.timeline).
 """
 
 from __future__ import annotations
@@ -32,32 +33,30 @@ import time
 from collections.abc import Callable
 
 from tandem.codecs import Codec, make_codec
-from tandem.errors import TandemError
 from tandem.protocols.dragon import wire
 from tandem.protocols.dragon.aggregator import aggregate_step, expected_acceptance
 from tandem.protocols.dragon.config import DEVICE, SIDES, DragonConfig, peer_of
 from tandem.protocols.dragon.decoder import DocDecoder, SideLaw
 from tandem.protocols.dragon.knowledge import Knowledge, build_decoder
-from tandem.protocols.dragon.profiler import AcceptanceTracker, LatencyModel, LinkEstimator
+from tandem.protocols.dragon.profiler import (
+    AcceptanceTracker,
+    LatencyModel,
+    LinkEstimator,
+    Timeline,
+)
 from tandem.protocols.dragon.queues import Draft, DraftQueue, make_draft
 from tandem.protocols.dragon.report import SideReport
 from tandem.protocols.dragon.scheduler import Decision, Estimates, Scheduler
+from tandem.protocols.dragon.sideio import SideIO
 from tandem.protocols.dragon.worker import DraftWorker
 from tandem.protocols.local import IncrementalDetokenizer
-from tandem.transport import (
-    DraftTokens,
-    Error,
-    ProtocolError,
-    SwitchAggregator,
-    TargetToken,
-    TransportError,
-)
+from tandem.transport import DraftTokens, Error, SwitchAggregator, TargetToken
 
 OnToken = Callable[[int, str], None]
 TARGET_BYTES = 40  # about one TargetToken frame on the wire
 
 
-class DragonSide:
+class DragonSide(SideIO):
     def __init__(
         self,
         *,
@@ -97,6 +96,7 @@ class DragonSide:
         self.draft_bytes = 0.0
         self.link = LinkEstimator(channel)
         self.report = SideReport(role=role)
+        self.timeline = Timeline()
         self.degraded = False
         self.error: BaseException | None = None
         self._seq = 0
@@ -108,7 +108,9 @@ class DragonSide:
         self.loop = asyncio.get_running_loop()
         self.started = time.perf_counter()
         self.done = asyncio.Event()
-        self.outbox: asyncio.Queue = asyncio.Queue()
+        self.peer_timeline_seen = asyncio.Event()
+        self.outbox: asyncio.Queue = asyncio.Queue()  # (queued at, message)
+        self.timeline.started = self.started
         self.worker = DraftWorker(
             build=self._build_decoder,
             make_draft=self._make_draft,
@@ -134,6 +136,7 @@ class DragonSide:
         ]
         try:
             await self.done.wait()
+            await self._exchange_timelines()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.outbox.join(), 5.0)
         finally:
@@ -158,9 +161,11 @@ class DragonSide:
 
     def _build_decoder(self) -> DocDecoder:  # worker thread
         if self.prebuilt is not None:
-            return self.prebuilt
-        decoder, docs = build_decoder(self.lm, self.knowledge, self.question, self.config)
-        self.report.docs = [(d.doc_id, d.score) for d in docs]
+            decoder = self.prebuilt
+        else:
+            decoder, docs = build_decoder(self.lm, self.knowledge, self.question, self.config)
+            self.report.docs = [(d.doc_id, d.score) for d in docs]
+        decoder.clock = self.timeline
         return decoder
 
     def _make_draft(
@@ -177,6 +182,7 @@ class DragonSide:
             greedy=self.config.greedy,
             context=context,
         )
+        self.timeline.since("codec", began)
         return dataclasses.replace(draft, decode_s=seconds + time.perf_counter() - began)
 
     def _on_ready(self, decoder: DocDecoder, seconds: float) -> None:
@@ -210,51 +216,6 @@ class DragonSide:
 
     # ---- network ----------------------------------------------------------------------
 
-    def _send(self, msg) -> None:
-        if not self.degraded:
-            self._seq += 1
-            if hasattr(msg, "seq"):
-                msg = dataclasses.replace(msg, seq=self._seq)
-            self.outbox.put_nowait(msg)
-
-    async def _send_loop(self) -> None:
-        while True:
-            msg = await self.outbox.get()
-            try:
-                if not self.degraded:
-                    await self.channel.send(msg)
-            except TransportError as exc:
-                self._link_lost(f"send failed: {exc}")
-            finally:
-                self.outbox.task_done()
-
-    async def _receive_loop(self) -> None:
-        while not self.done.is_set():
-            try:
-                msg = await self.channel.recv()
-            except TransportError as exc:
-                self._link_lost(str(exc) or type(exc).__name__)
-                return
-            try:
-                self._handle(msg)
-            except (ValueError, TandemError, ProtocolError) as exc:
-                self._fail(TandemError(f"dragon {self.role}: bad message from peer: {exc}"))
-                return
-
-    async def _probe_loop(self) -> None:
-        config = self.config
-        try:
-            if config.bandwidth_probe_bytes:
-                pad = wire.pad_message(0, config.bandwidth_probe_bytes)
-                await self.link.probe_bandwidth(pad, config.bandwidth_probe_bytes)
-                self.report.probe_bytes = config.bandwidth_probe_bytes
-            while config.rtt_probe_s and not self.degraded and not self.done.is_set():
-                await asyncio.sleep(config.rtt_probe_s)
-                with contextlib.suppress(TimeoutError):
-                    await self.channel.ping(timeout=max(1.0, 8 * config.rtt_probe_s))
-        except (TransportError, TimeoutError):
-            return  # the receive loop reports a dead link
-
     def _link_lost(self, reason: str) -> None:
         if self.done.is_set():
             return
@@ -285,9 +246,11 @@ class DragonSide:
         if kind == wire.START:  # the side was set up without reading it (tests)
             return
         if isinstance(msg, DraftTokens):
+            began = time.perf_counter()
             draft = wire.parse_draft(
                 msg, side=self.peer, codec=self.codec, vocab_size=self.lm.vocab_size
             )
+            self.timeline.since("wire", began)
             self._on_remote_draft(draft)
         elif isinstance(msg, TargetToken):
             self._on_target(msg.position, msg.token)
@@ -312,10 +275,13 @@ class DragonSide:
             self.report.drafts_dropped[self.role] += 1
             return
         self.queues[self.role].push(draft)
+        self.timeline.mark("own", draft.position)
         self.report.drafts_made += 1
         self._observe_timing(draft)
         self.draft_bytes = 0.8 * self.draft_bytes + 0.2 * (len(draft.payload) + 60)
+        began = time.perf_counter()
         self._send(wire.draft_message(0, draft, self.codec.name))
+        self.timeline.since("wire", began)
         self._try_aggregate()
 
     def _on_remote_draft(self, draft: Draft) -> None:
@@ -326,6 +292,7 @@ class DragonSide:
             self.report.drafts_dropped[self.peer] += 1
             return
         self.queues[self.peer].push(draft)
+        self.timeline.mark("peer", draft.position)
         self._observe_timing(draft)
         self._try_aggregate()
 
@@ -334,6 +301,7 @@ class DragonSide:
             raise ValueError(f"target for position {position}, expected {len(self.committed)}")
         if self.aggregator == self.role:
             raise ValueError("target token from the peer while this side aggregates")
+        self.timeline.mark("peer", position)
         self._resolve(position, token, by=self.peer)
 
     def _try_aggregate(self) -> None:
@@ -349,15 +317,19 @@ class DragonSide:
             if theirs is None:
                 return
             device, cloud = (mine, theirs) if self.role == DEVICE else (theirs, mine)
+            began = time.perf_counter()
             outcome = aggregate_step(
                 device, cloud, seed=self.config.seed, greedy=self.config.greedy
             )
+            self.timeline.since("aggregate", began)
             self._resolve(position, outcome.token, by=self.role)
+            began = time.perf_counter()
             if self.done.is_set():
                 decision, estimates = Decision(self.role, 0.0), None
             else:
                 estimates = self._estimates()
                 decision = self.scheduler.decide(self.role, position, estimates)
+            self.timeline.since("schedule", began)
             if decision.aggregator != self.role:
                 self._send(wire.switch_message(0, position, outcome.token, decision.aggregator))
                 self.report.switches.append((position, decision.aggregator))
@@ -397,6 +369,7 @@ class DragonSide:
                 rates = expected_acceptance(drafts["device"], drafts["cloud"])
             self.tracker.observe(rates, accepted)
         self.committed.append(token)
+        self.timeline.mark("commit", position)
         self.report.token_times.append(time.perf_counter() - self.started)
         self.report.resolutions.append(
             {"position": position, "by": by, "aggregated": aggregated, **accepted}
@@ -421,4 +394,5 @@ class DragonSide:
         report.rtt_s = self.channel.rtt
         report.bandwidth_bps = self.link.bandwidth_bps
         report.wall_s = time.perf_counter() - self.started
+        report.timeline = self.timeline.summary()
         return report

@@ -6,6 +6,9 @@
     ready (cloud -> device)    DraftTokens, codec "dragon.ready", position -1, no tokens,
                                arrays["body"] = uint8 JSON (cloud profile, document count)
     padding burst              DraftTokens, codec "dragon.pad", position -1 (ignored)
+    timeline (cloud -> device) DraftTokens, codec "dragon.timeline", position -1, JSON body =
+                               the cloud's `profiler.Timeline.summary()` (only when
+                               `DragonConfig.timeline`; sent once the cloud is done)
     draft                      DraftTokens: position, tokens = (token,), codec name,
                                distributions = (payload,), arrays["meta"] = float64
                                [epoch, logweight, decode_s, context]
@@ -28,7 +31,7 @@ from tandem.protocols.dragon.queues import Draft
 from tandem.transport import DraftTokens, Error, SwitchAggregator, TargetToken, control
 from tandem.transport.control import control_body  # noqa: F401  (re-exported for callers)
 
-START, READY, PAD = "dragon.start", "dragon.ready", "dragon.pad"
+START, READY, PAD, TIMELINE = "dragon.start", "dragon.ready", "dragon.pad", "dragon.timeline"
 
 
 def control_message(kind: str, seq: int, body: dict, *, padding: int = 0) -> DraftTokens:
@@ -36,8 +39,8 @@ def control_message(kind: str, seq: int, body: dict, *, padding: int = 0) -> Dra
 
 
 def control_kind(msg: object) -> str | None:
-    """START / READY / PAD for a control message, None for anything else."""
-    return control.control_kind(msg, (START, READY, PAD))
+    """START / READY / PAD / TIMELINE for a control message, None for anything else."""
+    return control.control_kind(msg, (START, READY, PAD, TIMELINE))
 
 
 def start_message(

@@ -109,8 +109,11 @@ class DraftWorker:
     def _loop(self, decoder: DocDecoder) -> None:
         while True:
             with self._cond:
+                waited = time.perf_counter()
                 while not self._stop and not self._wants_draft():
                     self._cond.wait()
+                if decoder.clock is not None:  # no room ahead, or waiting for a resolution
+                    decoder.clock.since("idle", waited)
                 if self._stop:
                     return
                 prefix = self.base + self.pending

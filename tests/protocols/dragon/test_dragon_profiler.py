@@ -75,3 +75,51 @@ def test_link_estimator_measures_rtt_and_uplink_rate_in_band():
 async def _drain(channel) -> None:
     async for _ in channel:
         pass
+
+
+def test_timeline_splits_every_gap_into_own_peer_and_resolve():
+    from tandem.protocols.dragon.profiler import Timeline
+
+    timeline = Timeline()
+    timeline.started = 10.0
+    # position 0: own draft at +1.0, peer's at +1.5, resolved at +1.6 (TTFT 1.6 s)
+    # position 1: own draft already queued (+1.2, before position 0 resolved), peer +1.9, +2.0
+    # position 2: peer first (+2.1), own +2.3, resolved +2.3
+    timeline.own = {0: 11.0, 1: 11.2, 2: 12.3}
+    timeline.peer = {0: 11.5, 1: 11.9, 2: 12.1}
+    timeline.commit = {0: 11.6, 1: 12.0, 2: 12.3}
+    timeline.add("decode", 0.9)
+    rows = timeline.critical()
+    assert [round(r["gap_ms"]) for r in rows] == [1600, 400, 300]
+    assert [round(r["own_ms"]) for r in rows] == [1000, 0, 300]
+    assert [round(r["peer_ms"]) for r in rows] == [500, 300, 0]
+    assert [round(r["resolve_ms"]) for r in rows] == [100, 100, 0]
+    summary = timeline.summary()
+    assert summary["tokens"] == 3 and summary["ttft_ms"]["gap_ms"] == pytest.approx(1600)
+    assert summary["mean_gap_ms"] == pytest.approx(350)
+    assert summary["critical_ms_per_token"]["peer"] == pytest.approx(150)
+    assert summary["work_ms_per_token"]["decode"] == pytest.approx(300)
+    assert summary["work_share"]["decode"] == pytest.approx(300 / 350)
+
+
+def test_live_session_reports_both_timelines(tiny_lm, tiny_lm_b, corpora):
+    from tandem.protocols.dragon import run_pair
+
+    from .conftest import QUESTION, tiny_config
+
+    device, cloud = asyncio.run(
+        run_pair(
+            device_lm=tiny_lm, cloud_lm=tiny_lm_b, device_knowledge=corpora[0],
+            cloud_knowledge=corpora[1], question=QUESTION,
+            config=tiny_config(max_new_tokens=6, timeline=True),
+        )
+    )  # fmt: skip
+    for side in (device.timeline, device.peer_timeline, cloud.timeline):
+        assert side["tokens"] == 6
+        assert side["work_ms_per_token"]["decode"] > 0 and side["work_ms_per_token"]["codec"] > 0
+        for row in side["per_token"]:
+            parts = row["own_ms"] + row["peer_ms"] + row["resolve_ms"]
+            assert parts == pytest.approx(row["gap_ms"])
+            assert min(row["own_ms"], row["peer_ms"], row["resolve_ms"]) >= -1e-6
+    assert device.peer_timeline["per_token"] == cloud.timeline["per_token"]
+    assert device.summary()["peer_timeline"] == device.peer_timeline  # saved with the results
