@@ -141,8 +141,11 @@ def run_dragon_device(
     seed: int,
     threads: int,
     json_out: Path | None,
+    timeline: bool = False,
 ) -> None:
-    """`tandem device run --mode dragon`: the device side against a running DRAGON cloud."""
+    """`tandem device run --mode dragon`: the device side against a running DRAGON cloud;
+    `timeline`: print where each side's time went per token (both sides' timelines are in
+    the JSON either way when asked)."""
     import asyncio
 
     from rich.console import Console
@@ -156,7 +159,7 @@ def run_dragon_device(
         raise TandemError("--mode dragon needs --corpus (the device's private corpus)")
     config = DragonConfig(
         max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
-        docs_per_side=docs, strategy=strategy,
+        docs_per_side=docs, strategy=strategy, timeline=timeline,
     )  # fmt: skip
     set_threads(threads)
     setup = load_side(corpus=corpus, model=model, docs=docs)
@@ -178,6 +181,13 @@ def run_dragon_device(
         )
     )
     print()
-    print_report(report, Console(stderr=True))
+    console = Console(stderr=True)
+    print_report(report, console)
+    if timeline:
+        from tandem.protocols.dragon.report import timeline_lines
+
+        for title, summary in (("device", report.timeline), ("cloud", report.peer_timeline)):
+            for line in timeline_lines(summary, f"{title} timeline"):
+                console.print(line, highlight=False)
     if json_out is not None:
         json_out.write_text(json.dumps(report.summary(), indent=2) + "\n")

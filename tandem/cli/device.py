@@ -73,6 +73,9 @@ def run(
     seed: int = typer.Option(0, "--seed"),
     threads: int = typer.Option(1, "--threads", min=1, help="torch intra-op threads."),
     json_out: Path = typer.Option(None, "--json", help="Also write the full report here."),
+    timeline: bool = typer.Option(
+        False, "--timeline", help="dragon: where each side's time goes per token (ms, share)."
+    ),
     fallback: bool = typer.Option(
         True,
         "--fallback/--no-fallback",
@@ -103,6 +106,7 @@ def run(
             corpus=corpus, model=model, host=host, port=port, secret=secret, delay=delay,
             question=prompt, strategy=strategy, docs=docs, max_new_tokens=max_new_tokens,
             temperature=temperature, seed=seed, threads=threads, json_out=json_out,
+            timeline=timeline,
         )  # fmt: skip
         return
     if mode not in DEVICE_MODES:

@@ -114,3 +114,25 @@ class SideReport:
             "timeline": self.timeline,
             "peer_timeline": self.peer_timeline,
         }
+
+
+def timeline_lines(summary: dict | None, title: str) -> list[str]:
+    """A compact text view of a `profiler.Timeline.summary()`: ms per token and share of the
+    mean inter-token gap, critical path first, then busy time per phase."""
+    if not summary or not summary.get("tokens"):
+        return [f"{title}: no timeline"]
+    first = summary["ttft_ms"]
+
+    def cells(values: dict, shares: dict) -> str:
+        return "  ".join(
+            f"{name} {ms:.1f}" + (f" ({shares[name]:.0%})" if shares.get(name) is not None else "")
+            for name, ms in values.items()
+        )
+
+    return [
+        f"{title}: {summary['tokens']} tokens, {summary['mean_gap_ms']:.1f} ms/token after the "
+        f"first (TTFT {first['gap_ms']:.0f} ms: own {first['own_ms']:.0f}, peer "
+        f"{first['peer_ms']:.0f}, resolve {first['resolve_ms']:.0f})",
+        "  waiting for  " + cells(summary["critical_ms_per_token"], summary["critical_share"]),
+        "  busy         " + cells(summary["work_ms_per_token"], summary["work_share"]),
+    ]

@@ -19,3 +19,28 @@ def test_demo_and_dragon_options_are_registered():
 def test_device_dragon_mode_needs_a_corpus():
     result = CliRunner().invoke(app, ["device", "run", "--mode", "dragon"])
     assert isinstance(result.exception, TandemError) and "--corpus" in str(result.exception)
+
+
+def test_device_run_timeline_reaches_the_dragon_device(monkeypatch):
+    import tandem.cli.demo as demo
+
+    seen = {}
+    monkeypatch.setattr(demo, "run_dragon_device", lambda **kwargs: seen.update(kwargs))
+    args = ["device", "run", "--mode", "dragon", "--corpus", "x", "--timeline"]
+    assert CliRunner().invoke(app, args).exit_code == 0
+    assert seen["timeline"] is True and seen["corpus"] == "x"
+
+
+def test_timeline_lines_show_ms_and_shares():
+    from tandem.protocols.dragon.profiler import summarize
+    from tandem.protocols.dragon.report import timeline_lines
+
+    rows = [
+        {"position": p, "gap_ms": g, "own_ms": o, "peer_ms": g - o, "resolve_ms": 0.0}
+        for p, g, o in ((0, 900.0, 800.0), (1, 100.0, 80.0), (2, 100.0, 60.0))
+    ]
+    lines = timeline_lines(summarize({"decode": 0.15}, rows), "device")
+    assert lines[0].startswith("device: 3 tokens, 100.0 ms/token") and "TTFT 900 ms" in lines[0]
+    assert "own 70.0 (70%)" in lines[1] and "peer 30.0 (30%)" in lines[1]
+    assert "decode 50.0 (50%)" in lines[2]
+    assert timeline_lines(None, "cloud") == ["cloud: no timeline"]
