@@ -27,10 +27,12 @@ def cloud_settings(config: Path | None, flags: dict[str, object]):
 def serve(
     config: Path = typer.Option(None, "--config", help="TOML/YAML file; flags override it."),
     mode: list[str] = typer.Option(
-        None, "--mode", help="Modes to serve (repeat): spec, ar, dragon [spec, ar]."
+        None, "--mode", help="Modes to serve (repeat): spec, ar, dragon, private-spec [spec, ar]."
     ),
     corpus: str = typer.Option(
-        None, "--corpus", help="DRAGON: this side's corpus (folder, index, 'stdlib'); adds dragon."
+        None,
+        "--corpus",
+        help="This side's corpus (folder, index, 'stdlib'); adds dragon and private-spec.",
     ),
     docs: int = typer.Option(None, "--docs", help="DRAGON: documents per side [2]."),
     model: str = typer.Option(
@@ -80,8 +82,8 @@ def serve(
 
     s = cloud_settings(config, flags)
     modes = list(s.mode)
-    if s.corpus and "dragon" not in modes:
-        modes.append("dragon")
+    if s.corpus:  # a corpus enables the retrieval modes
+        modes += [m for m in ("dragon", "private-spec") if m not in modes]
     CloudServer(cloud_resources(None, batching=False), modes=modes)  # bad --mode: fail fast
     if s.log_format == "text":
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")

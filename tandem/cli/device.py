@@ -37,16 +37,26 @@ def parse_params(items: list[str]) -> dict[str, float]:
 @app.command("run")
 def run(
     mode: str = typer.Option(
-        "spec", "--mode", help="spec, ar (cloud AR), local (device only) or dragon."
+        "spec",
+        "--mode",
+        help="spec, ar (cloud AR), local (device only), dragon or private-spec.",
     ),
-    corpus: str = typer.Option(None, "--corpus", help="DRAGON: the device's private corpus."),
+    corpus: str = typer.Option(
+        None, "--corpus", help="dragon, private-spec: the device's private corpus."
+    ),
     strategy: str = typer.Option(
         "dragon", help="DRAGON aggregator: dragon, device, cloud, random."
     ),
-    docs: int = typer.Option(2, "--docs", help="DRAGON: documents per side."),
+    docs: int = typer.Option(2, "--docs", help="dragon, private-spec: documents per side."),
     pipeline: str = typer.Option("async", "--pipeline", help="sync (stop-and-wait) or async."),
     codec: str = typer.Option(
-        "dense", "--codec", help="Uplink: dense, separate, k-sqs, c-sqs, top-k, top-p."
+        None,
+        "--codec",
+        help="Uplink: dense, separate, k-sqs, c-sqs, top-k, top-p [dense; private-spec: k-sqs "
+        "k=3 ell=100, 64 bits per draft].",
+    ),
+    eta: float = typer.Option(
+        None, "--eta", help="private-spec: pull of the private draft on the cloud's law [4]."
     ),
     codec_param: list[str] = typer.Option([], "--codec-param", help="NAME=VALUE, e.g. k=8."),
     draft_len: int = typer.Option(4, "--draft-len", help="Draft tokens per block (gamma)."),
@@ -109,10 +119,11 @@ def run(
             timeline=timeline,
         )  # fmt: skip
         return
-    if mode not in DEVICE_MODES:
-        raise TandemError(f"unknown mode {mode!r}; choose one of {', '.join(DEVICE_MODES)}")
+    modes = (*DEVICE_MODES, "dragon", "private-spec")
+    if mode not in modes:
+        raise TandemError(f"unknown mode {mode!r}; choose one of {', '.join(modes)}")
     config = SpecConfig(  # checks the flags before the model loads
-        pipeline=pipeline, codec=codec, codec_params=parse_params(codec_param),
+        pipeline=pipeline, codec=codec or "dense", codec_params=parse_params(codec_param),
         draft_len=draft_len, bit_budget=bit_budget, downlink_k=downlink_k,
         fast_verify=fast_verify, first_chunk=1, truncate_factor=truncate_factor,
         temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
@@ -145,7 +156,7 @@ def run(
     # finishes from the tokens already committed), never a truncated answer
     settings = merge_flags(DeviceServeSettings(model=model), dict(
         mode=mode, cloud=f"{host}:{port}", delay=delay, pipeline=pipeline, codec=codec,
-        codec_params=config.codec_params, draft_len=draft_len, bit_budget=bit_budget,
+        codec_params=config.codec_params, corpus=corpus, docs=docs, eta=eta, draft_len=draft_len, bit_budget=bit_budget,
         downlink_k=downlink_k, fast_verify=fast_verify, truncate_factor=truncate_factor,
         threads=threads,
     ))  # fmt: skip
@@ -153,8 +164,9 @@ def run(
     backend.fallback = fallback
     logging.getLogger("tandem.serve.api").setLevel(logging.ERROR)  # said below, once
     params = GenParams(
-        max_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed
-    )
+        max_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
+        question=prompt,
+    )  # fmt: skip
     start = time.perf_counter()
     result = backend.generate(ids, params, show)
     elapsed = time.perf_counter() - start
@@ -179,15 +191,20 @@ def run(
 def serve(
     config: Path = typer.Option(None, "--config", help="TOML/YAML file; flags override it."),
     cloud: str = typer.Option(None, "--cloud", help="HOST:PORT of `tandem cloud serve`."),
-    mode: str = typer.Option(None, "--mode", help="local, spec, ar, dragon or rapid [spec]."),
+    mode: str = typer.Option(
+        None, "--mode", help="local, spec, ar, dragon, rapid or private-spec [spec]."
+    ),
     model: str = typer.Option(None, "--model", "-m", help="Device model [qwen2.5-coder-0.5b]."),
     served_model_name: str = typer.Option(None, help="Model name clients use [--model]."),
     listen: str = typer.Option(None, "--listen", help="HOST:PORT of the API [127.0.0.1:8000]."),
-    corpus: str = typer.Option(None, "--corpus", help="dragon: the device's private corpus."),
+    corpus: str = typer.Option(
+        None, "--corpus", help="dragon, private-spec: the device's private corpus."
+    ),
     strategy: str = typer.Option(None, help="dragon: aggregator strategy [dragon]."),
     docs: int = typer.Option(None, "--docs", help="dragon: documents per side [2]."),
     pipeline: str = typer.Option(None, "--pipeline", help="spec: sync or async [async]."),
     codec: str = typer.Option(None, "--codec", help="spec: uplink codec [dense]."),
+    eta: float = typer.Option(None, "--eta", help="private-spec: draft pull on the cloud [4]."),
     codec_param: list[str] = typer.Option([], "--codec-param", help="NAME=VALUE, e.g. k=8."),
     draft_len: int = typer.Option(None, "--draft-len", help="spec: drafts per block [4]."),
     bit_budget: int = typer.Option(None, "--bit-budget", help="SQS-SD: payload bits per block."),

@@ -68,6 +68,27 @@ def augmented_target(
     return kept / kept.sum(dim=-1, keepdim=True)
 
 
+def augmented_from_probs(
+    target_probs: torch.Tensor,  # [..., vocab] the target's warped law (zeros allowed)
+    draft_probs: torch.Tensor,  # [..., vocab]
+    eta: float,
+    *,
+    greedy: bool = False,
+    tail: str = "paper",
+    tail_ratio: float = 0.1,
+) -> torch.Tensor:  # [..., vocab]
+    """p_hat from an already warped target law (temperature, top-k, top-p applied): Eq. 6 and
+    the tail rule on log(target_probs), i.e. `augmented_target` at temperature 1. Tokens the
+    warp removed stay at 0. `greedy`: the one-hot argmax of that p_hat ("augmented greedy":
+    RAPID's own T -> 0 limit is the target's argmax, where eta has no effect; this keeps the
+    transfer and is deterministic)."""
+    assert target_probs.shape == draft_probs.shape, (target_probs.shape, draft_probs.shape)
+    dtype = draft_probs.dtype
+    logits = torch.log(target_probs.to(dtype))  # [..., vocab], -inf where the warp cut
+    augmented = augmented_target(logits, draft_probs, eta, 1.0, tail=tail, tail_ratio=tail_ratio)
+    return greedy_probs(augmented) if greedy else augmented
+
+
 def paper_residual(
     draft_probs: torch.Tensor,  # [..., vocab]
     target_probs: torch.Tensor,  # [..., vocab]

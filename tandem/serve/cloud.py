@@ -110,10 +110,39 @@ async def _serve_dragon(channel, first: Message, resources: CloudResources):
     )
 
 
+def _public_knowledge(resources: CloudResources):
+    """The cloud's corpus (`tandem cloud serve --corpus`), or None."""
+    side = resources.extra.get("dragon")  # a tandem.protocols.dragon.setup.SideSetup
+    return resources.extra.get("knowledge") or (side.knowledge if side is not None else None)
+
+
+async def _serve_private_spec(channel, first: Message, resources: CloudResources):
+    from tandem.protocols.private_spec import serve_private_session
+    from tandem.protocols.spec import wire
+
+    knowledge = _public_knowledge(resources)
+    if knowledge is None:
+        with contextlib.suppress(ChannelClosed):
+            await channel.send(wire.error_message("this cloud has no corpus (--corpus)"))
+        return None
+    return await serve_private_session(
+        channel,
+        resources.lm,
+        knowledge,
+        first=first,
+        batcher=resources.batcher,
+        observer=resources.metrics,
+        live=resources.live,
+    )
+
+
 MODES: dict[str, Mode] = {
     "spec": Mode("spec", lambda msg: _spec_start_mode(msg) == "spec", _serve_spec),
     "ar": Mode("ar", lambda msg: _spec_start_mode(msg) == "ar", _serve_ar),
     "dragon": Mode("dragon", _is_dragon_start, _serve_dragon),
+    "private-spec": Mode(
+        "private-spec", lambda msg: _spec_start_mode(msg) == "private-spec", _serve_private_spec
+    ),
 }
 
 

@@ -28,8 +28,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tandem.errors import TandemError
 
-SERVE_MODES = ("local", "spec", "ar", "dragon", "rapid")
-CLOUD_MODES = ("spec", "ar", "dragon")
+SERVE_MODES = ("local", "spec", "ar", "dragon", "rapid", "private-spec")
+CLOUD_MODES = ("spec", "ar", "dragon", "private-spec")
 
 
 class _Section(BaseModel):
@@ -40,18 +40,19 @@ class DeviceServeSettings(_Section):
     """Every flag of `tandem device serve`."""
 
     cloud: str = "127.0.0.1:7700"  # HOST:PORT of `tandem cloud serve` (unused in local mode)
-    mode: Literal["local", "spec", "ar", "dragon", "rapid"] = "spec"
+    mode: Literal["local", "spec", "ar", "dragon", "rapid", "private-spec"] = "spec"
     model: str = "qwen2.5-coder-0.5b"  # the device model
     backend: Literal["llamacpp", "hf"] | None = (
         None  # model engine (None: tandem --backend / default)
     )
     served_model_name: str | None = None  # the name clients use (default: `model`)
     listen: str = "127.0.0.1:8000"  # HOST:PORT of the HTTP API
-    corpus: str | None = None  # dragon: the device's private corpus
+    corpus: str | None = None  # dragon, private-spec: the device's private corpus
     strategy: str = "dragon"  # dragon: aggregator strategy
-    docs: int = Field(2, ge=1)  # dragon: documents per side
+    docs: int = Field(2, ge=1)  # dragon, private-spec: documents per side
     pipeline: Literal["sync", "async"] = "async"  # spec
-    codec: str = "dense"  # spec: uplink codec
+    codec: str | None = None  # spec: uplink codec (None: dense; private-spec: k-sqs K=3)
+    eta: float | None = Field(None, ge=0.0)  # private-spec: knowledge transfer (None: 4)
     codec_params: dict[str, int | float] = Field(default_factory=dict)  # k=8 stays an int
     draft_len: int = Field(4, ge=1)
     bit_budget: int | None = Field(None, ge=1)
@@ -70,7 +71,9 @@ class DeviceServeSettings(_Section):
 class CloudServeSettings(_Section):
     """Every flag of `tandem cloud serve` (the secret excepted)."""
 
-    mode: list[Literal["spec", "ar", "dragon"]] = Field(default_factory=lambda: ["spec", "ar"])
+    mode: list[Literal["spec", "ar", "dragon", "private-spec"]] = Field(
+        default_factory=lambda: ["spec", "ar"]
+    )
     corpus: str | None = None
     docs: int = Field(2, ge=1)
     model: str = "qwen2.5-coder-1.5b"

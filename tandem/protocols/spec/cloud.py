@@ -225,7 +225,26 @@ async def serve_session(
         with contextlib.suppress(TransportError):
             await channel.send(wire.error_message(f"bad start message: {exc}"))
         return None
+    return await run_session(
+        channel, lm, config, prompt, batcher=batcher, observer=observer, live=live
+    )
+
+
+async def run_session(
+    channel,
+    lm: CausalLM,
+    config: SpecConfig,
+    prompt: list[int],
+    *,
+    batcher=None,
+    observer: Observer | None = None,
+    live: weakref.WeakSet | None = None,
+    stats: dict | None = None,
+) -> dict | None:
+    """Serve one session whose start message is already read (config and the target's
+    prompt known); `stats` are added to the session's stats. None if it failed (told why)."""
     session = CloudSession(channel, lm, config, prompt, batcher=batcher, observer=observer)
+    session.stats.update(stats or {})
     if live is not None:
         live.add(session)
     try:

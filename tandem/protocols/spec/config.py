@@ -10,6 +10,13 @@ Words used here:
 - *block*: the `draft_len` (gamma) tokens the device drafts before sending; a *chunk* is what
   one VerifyRequest carries (a block, or part of one under fast verification / truncation).
 - *position*: index of a generated token (0 = the first new token).
+- *eta*: RAPID's knowledge-transfer strength (Eq. 6), used by the private-RAG mode: the cloud
+  verifies against the augmented target p_hat = softmax(log p + eta (q - p)) (tail rule `tail`),
+  q being the transmitted draft law at that position. eta = 0: plain speculative decoding of
+  the target. With eta > 0 and temperature 0 the law is the one-hot argmax of p_hat computed at
+  temperature 1 ("augmented greedy"; the drafter then sends its temperature-1 law and drafts
+  its argmax). With eta > 0 no bonus token is drawn (the bonus position has no draft law): the
+  next block's first draft covers that position, so every position's law is p_hat.
 - *position generator*: every random draw is made with a generator seeded from
   (seed, purpose, position), so the output does not depend on timing, chunking or the link.
 
@@ -24,6 +31,7 @@ from dataclasses import asdict, dataclass, field, fields
 import torch
 
 from tandem.errors import TandemError
+from tandem.sampling.rapid import TAIL_RULES
 
 PIPELINES = ("sync", "async")
 SEPARATE = "separate"
@@ -52,6 +60,9 @@ class SpecConfig:
     seed: int = 0
     max_new_tokens: int = 64
     stop_at_eos: bool = True
+    eta: float = 0.0  # RAPID-augmented verification strength (0 = exact target law)
+    tail: str = "paper"  # tail rule of RAPID's Eq. 9 (tandem.sampling.rapid)
+    tail_ratio: float = 0.1
 
     def __post_init__(self) -> None:
         checks = [
@@ -67,6 +78,14 @@ class SpecConfig:
             (self.top_k is None or self.top_k >= 1, "top_k must be >= 1"),
             (self.top_p is None or 0 < self.top_p <= 1, "top_p must be in (0, 1]"),
             (self.max_new_tokens >= 1, "max_new_tokens must be >= 1"),
+            (self.eta >= 0, "eta must be >= 0"),
+            (self.tail in TAIL_RULES, f"tail must be one of {', '.join(TAIL_RULES)}"),
+            (0 <= self.tail_ratio <= 1, "tail_ratio must be in [0, 1]"),
+            (
+                not (self.eta > 0 and self.codec == SEPARATE),
+                "eta > 0 needs the whole draft law at the cloud; use an uplink codec "
+                "(k-sqs, c-sqs, dense, top-k...), not separate",
+            ),
         ]
         for ok, message in checks:
             if not ok:
@@ -85,9 +104,24 @@ class SpecConfig:
             return self.draft_len
         return (self.lookahead_blocks or 2) * self.draft_len
 
+    @property
+    def augmented(self) -> bool:
+        """Verification against RAPID's augmented target (eta > 0)."""
+        return self.eta > 0
+
+    @property
+    def augmented_greedy(self) -> bool:
+        """eta > 0 at temperature 0: the law is the argmax of p_hat at temperature 1."""
+        return self.augmented and self.temperature == 0
+
     def sampling(self) -> dict:
         """Keyword arguments of `tandem.sampling.warp.warp`."""
         return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p}
+
+    def law_sampling(self) -> dict:
+        """The warp of the laws drafter and verifier compare: `sampling()`, at temperature 1
+        under augmented greedy (p_hat needs soft laws; the argmax is taken after)."""
+        return {**self.sampling(), "temperature": 1.0} if self.augmented_greedy else self.sampling()
 
     def to_json(self) -> dict:
         return asdict(self)

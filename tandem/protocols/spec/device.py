@@ -47,8 +47,15 @@ class DeviceSession:
         config: SpecConfig,
         *,
         on_token: OnToken | None = None,
+        start: tuple[dict, tuple[int, ...]] | None = None,
     ) -> None:
         self.channel = channel
+        # the start message's body and tokens (default: mode spec, the prompt itself; a mode
+        # whose cloud builds its own prompt sends something else, e.g. private-spec)
+        self.start = start or (
+            {"mode": "spec", "config": config.to_json()},
+            tuple(int(t) for t in prompt_ids),
+        )
         self.lm = lm
         self.prompt_ids = list(prompt_ids)
         self.config = config
@@ -74,13 +81,7 @@ class DeviceSession:
         self.stats_future = loop.create_future()
         up0, down0 = self.channel.bytes_sent, self.channel.bytes_received
         self._start = time.perf_counter()
-        await self._send_message(
-            wire.control_message(
-                wire.START,
-                {"mode": "spec", "config": self.config.to_json()},
-                tuple(self.prompt_ids),
-            )
-        )
+        await self._send_message(wire.control_message(wire.START, *self.start))
         reader = loop.create_task(self._read())
         try:
             t0 = time.perf_counter()
@@ -313,10 +314,13 @@ async def run_device(
     *,
     on_token: OnToken | None = None,
     close: bool = True,
+    start: tuple[dict, tuple[int, ...]] | None = None,
 ) -> SpecReport:
-    """The device side of one speculative generation over an open channel."""
+    """The device side of one speculative generation over an open channel (`start`: another
+    start message, see DeviceSession)."""
     try:
-        return await DeviceSession(channel, lm, prompt_ids, config, on_token=on_token).run()
+        session = DeviceSession(channel, lm, prompt_ids, config, on_token=on_token, start=start)
+        return await session.run()
     finally:
         if close:
             with contextlib.suppress(TransportError):

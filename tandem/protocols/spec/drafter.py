@@ -138,7 +138,7 @@ class Drafter:
         SQS-SD budget rule: stop drafting when the block's bits are exhausted)."""
         position = self.frontier + len(self.drafts)
         row = self.ctx.logits(cancel=self.cancel)[0]  # [vocab]
-        draft_probs = warp(row, **self.config.sampling())
+        draft_probs = warp(row, **self.config.law_sampling())
         generator = position_generator(self.config.seed, "draft", position)
         bits = None
         if self.codec is None:
@@ -151,6 +151,8 @@ class Drafter:
                     return None
             item = qs_draft(self.codec, draft_probs, generator)
             token, sent_probs, payload = item.token, item.sent_probs, item.payload
+            if self.config.augmented_greedy:  # the law goes up soft; the draft is its argmax
+                token = int(sent_probs.argmax())
         draft = DraftItem(
             position=position,
             token=token,

@@ -32,7 +32,7 @@ class VerdictRecord:
 class SpecReport:
     """Everything the device measured in one generation (times in seconds)."""
 
-    mode: str  # "spec", "ar" (cloud autoregressive) or "local" (device only)
+    mode: str  # "spec", "private-spec", "ar" (cloud autoregressive) or "local" (device only)
     config: dict
     tokens: list[int]
     text: str
@@ -50,6 +50,7 @@ class SpecReport:
     cancelled_steps: int = 0  # draft steps preempted by a rejection (interrupt)
     truncated_chunks: int = 0  # partial blocks sent by latency-aware truncation
     cloud: dict = field(default_factory=dict)  # the cloud's own measurements
+    docs: list[str] = field(default_factory=list)  # private-spec: this side's retrieved chunks
 
     def summary(self) -> dict:
         """Headline numbers (times in ms, rates per second)."""

@@ -9,6 +9,9 @@ Words used here (as in drafter.py): *committed* output tokens, *frontier* = thei
   against the next request's first draft (PicoSpec's parallel drafting continues from the
   block's tail), so every position gets exactly one target draw either way.
 
+With `config.eta > 0` every draft position is verified against RAPID's augmented target p_hat
+(the target's law shifted toward the transmitted draft law there) and no bonus is drawn.
+
 `verify(request)` runs one forward pass of the target over fixed + drafts (preemptible through
 `cancel`), then verifies position by position with `tandem.sampling.speculative.verify`, each
 position with its own generator (config.position_generator), and rolls the cache back to the
@@ -28,6 +31,7 @@ from tandem.codecs import TopKCodec, sample_token
 from tandem.models.base import CausalLM
 from tandem.protocols.spec.config import SpecConfig, position_generator
 from tandem.protocols.spec.context import LMContext
+from tandem.sampling.rapid import augmented_from_probs
 from tandem.sampling.speculative import verify
 from tandem.sampling.warp import warp
 
@@ -126,9 +130,13 @@ class Verifier:
         rows = self.ctx.logits(request.fixed + drafts, cancel=self.cancel)  # [f + n + 1, V]
         self.forward_passes += 1
         self.committed.extend(request.fixed)
-        target_probs = warp(rows[len(request.fixed) :], **self.config.sampling())  # [n + 1, V]
+        target_probs = warp(rows[len(request.fixed) :], **self.config.law_sampling())  # [n+1, V]
+        final = request.final
+        if self.config.augmented and drafts:
+            target_probs = self._augment(target_probs, request.draft_rows[: len(drafts)])
+            final = False  # no draft law at the bonus position: no bonus (config.py)
         num_accepted, next_token, payload = self._verify_positions(
-            first, drafts, request.draft_rows, target_probs, request.final
+            first, drafts, request.draft_rows, target_probs, final
         )
         self.committed.extend(drafts[:num_accepted])
         self.ctx.truncate(self.frontier)
@@ -149,6 +157,23 @@ class Verifier:
             rejected=rejected,
             verify_s=time.perf_counter() - start,
         )
+
+    def _augment(
+        self,
+        target_probs: torch.Tensor,  # [n + 1, vocab]
+        draft_rows: torch.Tensor,  # [n, vocab] the transmitted draft laws
+    ) -> torch.Tensor:  # [n + 1, vocab]: p_hat at the n draft positions, the target after
+        config = self.config
+        n = draft_rows.shape[0]
+        augmented = augmented_from_probs(
+            target_probs[:n].to(draft_rows.dtype),
+            draft_rows,
+            config.eta,
+            greedy=config.augmented_greedy,
+            tail=config.tail,
+            tail_ratio=config.tail_ratio,
+        )
+        return torch.cat([augmented, target_probs[n:].to(draft_rows.dtype)])
 
     def _verify_positions(
         self,

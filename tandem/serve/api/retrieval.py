@@ -1,4 +1,5 @@
-"""The backends whose modes build their own prompts from retrieved text: dragon and rapid.
+"""The backends whose modes build their own prompts from retrieved text: dragon, rapid and
+private-spec.
 
 Words used here:
 - *question*: the user's text (`GenParams.question`); DRAGON puts it after each side's
@@ -10,6 +11,9 @@ Words used here:
 - *rapid*: `tandem.protocols.rapid.edge.device_generate` against a RAPID cloud
   (`tandem rapid serve`); every request carries its local text in `tandem_context`. Tokens
   stream as each round is verified; a lost cloud leaves the device model to finish from them.
+- *private-spec*: `tandem.protocols.private_spec` against `tandem cloud serve --corpus ...`:
+  the device drafts with its private chunks, the cloud verifies with its public ones; a lost
+  cloud leaves the device model to finish on its own private-RAG prompt.
 """
 
 from __future__ import annotations
@@ -146,3 +150,71 @@ class RapidBackend(CloudBackend):
             rounds=result.rounds,
         )
         return result
+
+
+class PrivateSpecBackend(CloudBackend):
+    """Private-RAG speculative decoding: the device's private corpus is loaded once; each
+    request retrieves for its question, drafts, and lets the cloud verify."""
+
+    mode = "private-spec"
+
+    def __init__(self, lm, knowledge, *, host: str, port: int, transport: TransportConfig,
+                 spec: dict | None = None, docs: int = 2) -> None:  # fmt: skip
+        super().__init__(lm, host=host, port=port, transport=transport)
+        self.knowledge, self.spec, self.docs = knowledge, dict(spec or {}), docs
+
+    @classmethod
+    def build(cls, settings, lm, *, host: str, port: int, transport: TransportConfig):
+        """From `tandem device serve/run` settings: the corpus is indexed (cached) and opened."""
+        from tandem.protocols.dragon import Knowledge
+        from tandem.protocols.dragon.setup import ensure_index
+
+        if not settings.corpus:
+            raise TandemError("--mode private-spec needs --corpus (the device's private corpus)")
+        index = ensure_index(settings.corpus, tokenizer=lm.tokenizer, tokenizer_name=settings.model)
+        spec = dict(
+            pipeline=settings.pipeline, draft_len=settings.draft_len,
+            bit_budget=settings.bit_budget, fast_verify=settings.fast_verify,
+            truncate_factor=settings.truncate_factor,
+        )  # fmt: skip
+        if settings.codec is not None:
+            spec.update(codec=settings.codec, codec_params=settings.codec_params)
+        if settings.eta is not None:
+            spec["eta"] = settings.eta
+        backend = cls(lm, Knowledge.from_index(index), host=host, port=port, transport=transport,
+                      spec=spec, docs=settings.docs)  # fmt: skip
+        backend.config(GenParams(max_tokens=1))  # check the settings now, not per request
+        return backend
+
+    def config(self, params: GenParams):
+        from tandem.protocols.private_spec import private_config
+
+        return private_config(
+            **self.spec, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
+            seed=params.seed, max_new_tokens=params.max_tokens, first_chunk=1,
+        )  # fmt: skip
+
+    def alone_prompt(self, prompt_ids: list[int], params: GenParams) -> list[int]:
+        from tandem.protocols.private_spec import rag_prompt
+
+        docs = self.knowledge.retrieve(params.question, self.docs)
+        return rag_prompt(self.lm.tokenizer, docs, params.question)
+
+    async def _collaborate(self, prompt_ids, params: GenParams, config, recorder: Recorder, info):
+        from tandem.protocols.private_spec import run_private_device
+
+        channel = await self._connect(info)
+        try:
+            report = await run_private_device(
+                channel, self.lm, self.knowledge, params.question, config, docs=self.docs,
+                on_token=recorder, close=False,
+            )  # fmt: skip
+            summary = report.summary()
+            info.update(
+                acceptance_rate=summary["acceptance_rate"], verdicts=summary["verdicts"],
+                docs=len(report.docs), peer_docs=len(report.cloud.get("public_docs", [])),
+            )  # fmt: skip
+        finally:
+            info["rtt_s"] = channel.rtt
+            await self._close(channel, info, "private-spec done")
+        return report

@@ -88,7 +88,8 @@ def build_backend(settings: DeviceServeSettings, lm, *, secret=None) -> Backend:
     transport = device_transport_for(lm, settings, secret)
     if settings.mode == "spec":
         spec = SpecSettings(
-            pipeline=settings.pipeline, codec=settings.codec, codec_params=settings.codec_params,
+            pipeline=settings.pipeline, codec=settings.codec or "dense",
+            codec_params=settings.codec_params,
             draft_len=settings.draft_len, bit_budget=settings.bit_budget,
             downlink_k=settings.downlink_k, fast_verify=settings.fast_verify,
             truncate_factor=settings.truncate_factor,
@@ -109,6 +110,10 @@ def build_backend(settings: DeviceServeSettings, lm, *, secret=None) -> Backend:
             setup, host=host, port=port, transport=transport, strategy=settings.strategy,
             docs=settings.docs,
         )  # fmt: skip
+    if settings.mode == "private-spec":
+        from tandem.serve.api.retrieval import PrivateSpecBackend
+
+        return PrivateSpecBackend.build(settings, lm, host=host, port=port, transport=transport)
     from tandem.serve.api.retrieval import RapidBackend
 
     return RapidBackend(lm, host=host, port=port, transport=transport)
