@@ -1,0 +1,194 @@
+"""Which exact method, and which draft length, is fastest in a regime: a pure cost model and
+the adaptive controller built on it (no I/O, no clocks: callers feed it measurements).
+
+Words used here (as in theory.py): alpha = per-token acceptance probability, gamma = draft
+tokens per block, t_draft = one draft step (s per token), t_decode(n) = base + per_token * n =
+one target forward pass over n new tokens (t_ar = t_decode(1) is one autoregressive step,
+t_decode(gamma) verifies a block), rtt = round trip (s). Throughputs are steady-state decode
+rates in tokens/s (TTFT excluded). EL = (1 - alpha^gamma) / (1 - alpha) (Eq. 5), h = alpha^gamma.
+
+    ar      R = 1 / t_ar                                              (cloud AR streaming)
+    sync    R = EL_bonus / (gamma t_draft + rtt + t_decode(gamma + 1))           (Eq. 6-7)
+    async   R = EL / [h max(T_d, rtt + t_v) + (1 - h)(T_d + rtt + t_v)]            (Eq. 9)
+            with T_d = gamma t_draft, t_v = t_decode(gamma)
+    eager   the extension of Eq. 9 to "the cloud never idles" (eager.py):
+            G     = rtt + c t_draft        the gap a rejection opens: the verdict goes down,
+                                           the device drafts c (= first_chunk) tokens of a
+                                           new chain, they come up; the cloud decodes on
+            n     = G / t_ar               tokens the cloud commits alone during one gap
+            T_rec = G / alpha^n            gaps until a new chain matches all n (geometric)
+            E[T]  = h max(T_d, t_v) + (1 - h)(t_v + T_rec)
+            E[N]  = EL + (1 - h) T_rec / t_ar
+            R     = E[N] / E[T]
+            Between rejections blocks stream (enough lookahead: the RTT is hidden, the slower
+            side sets the pace); a rejection costs T_rec, during which the cloud still
+            produces tokens at its AR rate instead of idling. alpha -> 0 gives R -> 1 / t_ar
+            (cloud AR), alpha -> 1 gives R -> gamma / max(T_d, t_v).
+
+Device-only decoding is not exact (the draft model's law), so it is never a choice here.
+The controller (`Controller`) keeps running estimates of alpha, t_draft, t_decode's line and
+rtt, and `plan()` returns the method and draft length of highest predicted throughput.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+EXACT_METHODS = ("ar", "sync", "async", "eager")
+GAMMAS = tuple(range(1, 9))
+MIN_POWER = 1e-12  # floor of alpha^n in T_rec (alpha -> 0: the recovery never ends)
+
+
+@dataclass(frozen=True)
+class Costs:
+    """One regime's timings (seconds)."""
+
+    t_draft: float  # one draft step
+    decode_base: float  # t_decode(n) = decode_base + decode_per_token * n
+    decode_per_token: float
+    rtt: float
+    first_chunk: int = 1  # drafts in the first request of a chain (fast verification)
+
+    def t_decode(self, n: int) -> float:
+        return self.decode_base + self.decode_per_token * n
+
+    @property
+    def t_ar(self) -> float:
+        return self.t_decode(1)
+
+    @classmethod
+    def from_points(
+        cls, *, t_draft: float, t_ar: float, t_block: float, block: int, rtt: float, **kw
+    ) -> Costs:
+        """The line through t_decode(1) = t_ar and t_decode(block) = t_block."""
+        per_token = (t_block - t_ar) / (block - 1) if block > 1 else 0.0
+        return cls(
+            t_draft=t_draft,
+            decode_base=t_ar - per_token,
+            decode_per_token=per_token,
+            rtt=rtt,
+            **kw,
+        )
+
+
+def expected_length(alpha: float, gamma: int, *, bonus: bool = False) -> float:
+    """Eq. 5 (one more power of alpha with a bonus token)."""
+    terms = gamma + 1 if bonus else gamma
+    return float(terms) if alpha >= 1.0 else (1.0 - alpha**terms) / (1.0 - alpha)
+
+
+def throughput(method: str, alpha: float, gamma: int, costs: Costs) -> float:
+    """Predicted decode rate (tokens/s) of `method` (module docstring)."""
+    c = costs
+    t_blk = gamma * c.t_draft
+    if method == "ar":
+        return 1.0 / c.t_ar
+    if method == "sync":
+        step = t_blk + c.rtt + c.t_decode(gamma + 1)
+        return expected_length(alpha, gamma, bonus=True) / step
+    hit, t_v = alpha**gamma, c.t_decode(gamma)
+    if method == "async":
+        step = hit * max(t_blk, c.rtt + t_v) + (1.0 - hit) * (t_blk + c.rtt + t_v)
+        return expected_length(alpha, gamma) / step
+    if method == "eager":
+        gap = c.rtt + c.first_chunk * c.t_draft
+        recovery = gap / max(MIN_POWER, alpha ** (gap / c.t_ar))
+        time = hit * max(t_blk, t_v) + (1.0 - hit) * (t_v + recovery)
+        tokens = expected_length(alpha, gamma) + (1.0 - hit) * recovery / c.t_ar
+        return tokens / time
+    raise ValueError(f"unknown method {method!r}")
+
+
+@dataclass(frozen=True)
+class Plan:
+    method: str
+    gamma: int  # 0 for "ar"
+    predicted_tok_s: float
+    table: dict[str, dict[int, float]]  # method -> gamma -> predicted tok/s
+
+
+def best(
+    alpha: float,
+    costs: Costs,
+    methods: tuple[str, ...] = EXACT_METHODS,
+    gammas: tuple[int, ...] = GAMMAS,
+) -> Plan:
+    """The method and draft length of highest predicted throughput (ties: listed first)."""
+    table: dict[str, dict[int, float]] = {}
+    choice = ("", 0, -1.0)
+    for method in methods:
+        lengths = (0,) if method == "ar" else gammas
+        table[method] = {g: throughput(method, alpha, max(1, g), costs) for g in lengths}
+        for g, rate in table[method].items():
+            if rate > choice[2] * (1 + 1e-9):
+                choice = (method, g, rate)
+    return Plan(method=choice[0], gamma=choice[1], predicted_tok_s=choice[2], table=table)
+
+
+@dataclass
+class Controller:
+    """Running estimates, and the plan they give. Feed it what one side measures; call `plan()`
+    once per round. Estimates start from `prior` and move by exponential averaging (`weight`
+    of each new observation); alpha is a ratio of decayed counts."""
+
+    prior: Costs
+    alpha: float = 0.8
+    methods: tuple[str, ...] = EXACT_METHODS
+    gammas: tuple[int, ...] = GAMMAS
+    weight: float = 0.2
+    _t_draft: float | None = None
+    _rtt: float | None = None
+    _t_ar: float | None = None
+    _per_token: list[float] = field(default_factory=list)  # (t_decode(n) - t_ar) / (n - 1)
+    _agree: float = 0.0
+    _disagree: float = 0.0
+
+    def _avg(self, old: float | None, new: float) -> float:
+        return new if old is None else (1 - self.weight) * old + self.weight * new
+
+    def observe_draft(self, seconds: float) -> None:
+        self._t_draft = self._avg(self._t_draft, seconds)
+
+    def observe_ar(self, seconds: float) -> None:
+        self._t_ar = self._avg(self._t_ar, seconds)
+
+    def observe_verify(self, drafts: int, seconds: float) -> None:
+        """One forward pass over `drafts` tokens took `seconds`."""
+        if drafts <= 1:
+            self.observe_ar(seconds)
+            return
+        t_ar = self._t_ar if self._t_ar is not None else self.prior.t_ar
+        self._per_token.append(max(0.0, (seconds - t_ar) / (drafts - 1)))
+        del self._per_token[:-16]
+
+    def observe_network(self, seconds: float) -> None:
+        self._rtt = self._avg(self._rtt, seconds)
+
+    def observe_drafts(self, agreed: int, disagreed: int) -> None:
+        """Drafts that matched the committed token, and mismatches (at most one per chain)."""
+        decay = 1 - self.weight / 8
+        self._agree = decay * self._agree + agreed
+        self._disagree = decay * self._disagree + disagreed
+
+    @property
+    def alpha_estimate(self) -> float:
+        seen = self._agree + self._disagree
+        prior_weight = 4.0  # pseudo-observations of the prior alpha
+        return (self._agree + prior_weight * self.alpha) / (seen + prior_weight)
+
+    def costs(self) -> Costs:
+        p = self.prior
+        t_ar = self._t_ar if self._t_ar is not None else p.t_ar
+        per_token = (
+            sum(self._per_token) / len(self._per_token) if self._per_token else p.decode_per_token
+        )
+        return Costs(
+            t_draft=self._t_draft if self._t_draft is not None else p.t_draft,
+            decode_base=t_ar - per_token,
+            decode_per_token=per_token,
+            rtt=self._rtt if self._rtt is not None else p.rtt,
+            first_chunk=p.first_chunk,
+        )
+
+    def plan(self, methods: tuple[str, ...] | None = None) -> Plan:
+        return best(self.alpha_estimate, self.costs(), methods or self.methods, self.gammas)
