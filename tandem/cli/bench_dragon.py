@@ -23,7 +23,7 @@ def latency(
     quick: bool = QUICK,
     model: str = MODEL,
     delays: list[float] = DELAYS,
-    tokens: int = typer.Option(0, "--tokens", help="New tokens per run (0: 24, quick 8)."),
+    tokens: int = typer.Option(0, "--tokens", help="New tokens per run (0: 64, quick 8)."),
     questions: int = typer.Option(0, "--questions", help="How many questions (0: all)."),
     public: str = PUBLIC,
     private: str = PRIVATE,

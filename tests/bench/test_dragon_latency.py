@@ -61,6 +61,14 @@ def test_quick_latency_and_ttft_runs(tmp_path, monkeypatch):
     assert by[("drdg-tw", 0.0)] == by[("dragon", 0.0)] == by[("dragon", 20.0)]
     assert [r["delay_ms"] for r in latency["theorem_6_2"]] == [0.0, 20.0]
     assert all(r["predicted_speedup"] >= 1 for r in latency["theorem_6_2"])
+    # every run notes the load; DRAGON runs carry both sides' timelines, averaged per delay
+    assert all(r["load_1min"] >= 0 for r in saved["runs"])
+    for run in (r for r in saved["runs"] if r["method"] == "dragon"):
+        for key in ("timeline", "peer_timeline"):
+            assert run["summary"][key]["tokens"] == 4
+    rows = {(r["delay_ms"], r["side"]): r for r in saved["timeline"]}
+    assert set(rows) == {(d, s) for d in (0.0, 20.0) for s in ("device", "cloud")}
+    assert all(r["work_ms_per_token"]["decode"] > 0 for r in rows.values())
 
     ttft = dragon_ttft.run(delays=(0.0,), **common, **corpora)
     assert (out / "dragon_ttft.png").stat().st_size > 0

@@ -1,0 +1,61 @@
+"""The per-token timeline of the DRAGON runs of a benchmark, averaged per delay and side.
+
+Words as in `tandem.protocols.dragon.profiler` (Timeline): *critical* = each inter-token gap
+split into waiting for this side's own draft / for the peer / the rest (resolve); *work* =
+busy time per phase (decode of the k rows, relevance, mixture, codec, wire, Algorithm 1,
+scheduler, send, decoder idle, outbox wait), both in ms per output token after the first.
+A run records the device's timeline and, since the bench sets `DragonConfig.timeline`, the
+cloud's (`summary.peer_timeline`).
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from tandem.protocols.dragon.profiler import CRITICAL, PHASES
+
+SIDE_KEYS = {"device": "timeline", "cloud": "peer_timeline"}
+
+
+def timeline_rows(runs: list[dict], delays) -> list[dict]:
+    """One row per (delay, side): mean ms/token of every critical part and busy phase over
+    the DRAGON runs at that delay, and their shares of the mean gap."""
+    rows = []
+    for delay in delays:
+        dragon = [r for r in runs if r["method"] == "dragon" and r["delay_ms"] == delay]
+        for side, key in SIDE_KEYS.items():
+            found = [r["summary"].get(key) for r in dragon]
+            found = [t for t in found if t and t.get("tokens", 0) > 1]
+            if not found:
+                continue
+            gap = statistics.fmean(t["mean_gap_ms"] for t in found)
+            critical = {
+                p: statistics.fmean(t["critical_ms_per_token"][p] for t in found) for p in CRITICAL
+            }
+            work = {p: statistics.fmean(t["work_ms_per_token"][p] for t in found) for p in PHASES}
+            rows.append(
+                {
+                    "delay_ms": delay, "side": side, "runs": len(found), "mean_gap_ms": gap,
+                    "ttft_ms": statistics.fmean(t["ttft_ms"]["gap_ms"] for t in found),
+                    "critical_ms_per_token": critical, "work_ms_per_token": work,
+                    "critical_share": {p: v / gap for p, v in critical.items()} if gap else {},
+                    "work_share": {p: v / gap for p, v in work.items()} if gap else {},
+                }
+            )  # fmt: skip
+    return rows
+
+
+def print_timeline(console, rows: list[dict]) -> None:
+    from rich.table import Table
+
+    if not rows:
+        return
+    table = Table(title="DRAGON per-token timeline (ms/token after the first; share of the gap)")
+    for col in ("delay", "side", "gap", *CRITICAL, *PHASES):
+        table.add_column(col, justify="right")
+    for row in rows:
+        parts = {**row["critical_ms_per_token"], **row["work_ms_per_token"]}
+        shares = {**row["critical_share"], **row["work_share"]}
+        cells = [f"{parts[p]:.0f} ({shares.get(p, 0):.0%})" for p in (*CRITICAL, *PHASES)]
+        table.add_row(f"+{row['delay_ms']:.0f}", row["side"], f"{row['mean_gap_ms']:.0f}", *cells)
+    console.print(table)
