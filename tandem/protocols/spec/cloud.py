@@ -12,6 +12,11 @@ With a `VerifyBatcher` (tandem.models.batching) the verifier's model is a `Batch
 verification runs on the batcher's executor: the forward pass joins those of other sessions
 that are ready at the same time. Nothing else changes (same Verifier, same verdicts). An
 `observer` (the cloud's metrics) hears every verdict: drafts verified, accepted, tokens added.
+
+Pipeline "eager" (eager.py): whenever the inbox is empty and the output is not complete, the
+cloud runs one AR step of its `EagerVerifier` in a worker thread and streams the token down; a
+request arriving meanwhile sets the cancel event (the step stops between layers, nothing is
+committed) and is admitted (chain and content checks), then its remaining drafts verified.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from tandem.models.base import Cancelled, CausalLM
 from tandem.models.batching import BatchedLM
 from tandem.protocols.spec import wire
 from tandem.protocols.spec.config import SpecConfig
+from tandem.protocols.spec.eager import EagerVerifier
 from tandem.protocols.spec.verifier import Request, Verifier, merge
 from tandem.transport import ChannelClosed, Interrupt, TransportError, VerifyRequest
 
@@ -70,7 +76,10 @@ class CloudSession:
         self.observer = observer
         if batcher is not None:
             lm = BatchedLM(lm, batcher)
-        self.verifier = Verifier(lm, prompt, config, eos_id=lm.tokenizer.eos_token_id)
+        self.eager = config.pipeline == "eager"
+        kind = EagerVerifier if self.eager else Verifier
+        self.verifier = kind(lm, prompt, config, eos_id=lm.tokenizer.eos_token_id)
+        self._ar_running: float | None = None  # when the eager AR step in flight started
         self.codec = None if config.separate else make_codec(config.codec, **config.codec_params)
         self.inbox: asyncio.Queue = asyncio.Queue(maxsize=INBOX_MESSAGES)
         self.stats: dict = {
@@ -85,6 +94,10 @@ class CloudSession:
             "drafts_verified": 0,
             "drafts_accepted": 0,
             "tokens": 0,
+            "ar_tokens": 0,  # eager: tokens committed by AR steps
+            "ar_step_s": [],
+            "cancelled_ar_steps": 0,
+            "skipped_drafts": 0,  # eager: drafts matching tokens already committed
         }
         self.output: list[int] = []
 
@@ -101,7 +114,7 @@ class CloudSession:
                     wire.READY, {"model": self.stats["model"], "prefill_s": self.stats["prefill_s"]}
                 )
             )
-            await self._loop()
+            await (self._eager_loop() if self.eager else self._loop())
         finally:
             if self.batcher is not None:
                 self.batcher.detach()
@@ -114,7 +127,7 @@ class CloudSession:
         try:
             while True:
                 msg = await self.channel.recv()
-                if isinstance(msg, Interrupt):
+                if isinstance(msg, Interrupt) or self._preempts(msg):
                     self.verifier.cancel.set()
                 await self.inbox.put(msg)
         except TransportError:
@@ -123,33 +136,93 @@ class CloudSession:
 
     async def _loop(self) -> None:
         while True:
-            batch = [await self.inbox.get()]
-            while not self.inbox.empty():
-                batch.append(self.inbox.get_nowait())
-            requests: list[Request] = []
-            for msg in batch:
-                if msg is None:
-                    return  # the device is gone
-                if isinstance(msg, VerifyRequest):
-                    self.stats["requests"] += 1
-                    requests.append(
-                        wire.parse_request(
-                            msg,
-                            codec_name=self.config.codec,
-                            codec=self.codec,
-                            vocab_size=self.lm.vocab_size,
-                        )
-                    )
-                elif isinstance(msg, Interrupt):
-                    self.stats["interrupts"] += 1
-                    requests.clear()  # everything sent before the interrupt is void
-                    self.verifier.rollback(msg.position, msg.seq)
-                elif wire.control_kind(msg) == wire.END:
-                    self.output = [int(t) for t in msg.tokens]
-                    self._count_tokens(len(self.output))  # incl. tokens only the device saw
-                    await self._send_stats()
-                    return
+            requests = await self._take(await self.inbox.get())
+            if requests is None:
+                return
             await self._verify_all(requests)
+
+    async def _eager_loop(self) -> None:
+        verifier: EagerVerifier = self.verifier
+        while True:
+            if self.inbox.empty() and not verifier.done:
+                await self._ar_step()
+                continue
+            requests = await self._take(await self.inbox.get())
+            if requests is None:
+                return
+            for request in merge(requests):
+                admission = verifier.admit(request)
+                self.stats["skipped_drafts"] += admission.skipped
+                if admission.stale:
+                    self.stats["stale_requests"] += 1
+                if admission.verify is None:
+                    continue
+                verifier.cancel.clear()
+                result = await self._run_verify(admission.verify)
+                verifier.note_pass(len(admission.verify.drafts), result.verify_s)
+                self._record(admission.verify, result)
+                committed = tuple(verifier.committed[result.position :])
+                await self.channel.send(wire.eager_result_message(result, committed))
+
+    def _preempts(self, msg) -> bool:
+        """Eager: whether `msg` should stop the AR step in flight (eager.py: *preempt*)."""
+        if self._ar_running is None or not isinstance(msg, VerifyRequest):
+            return False
+        meta = msg.arrays.get("meta")
+        epoch = int(meta[0]) if meta is not None and meta.shape == (3,) else 0
+        elapsed = time.perf_counter() - self._ar_running
+        return self.verifier.worth_preempting(epoch, msg.position, len(msg.tokens), elapsed)
+
+    async def _ar_step(self) -> None:
+        """One eager AR step, preempted by a request that arrives meanwhile if that pays."""
+        self.verifier.cancel.clear()
+        start = self._ar_running = time.perf_counter()
+        try:
+            token = await asyncio.to_thread(self.verifier.ar_step)
+        except Cancelled:
+            self.stats["cancelled_ar_steps"] += 1
+            return
+        finally:
+            self._ar_running = None
+        if token is None:
+            return
+        step_s = time.perf_counter() - start
+        self.verifier.note_pass(1, step_s)
+        self.stats["ar_tokens"] += 1
+        self.stats["ar_step_s"].append(step_s)
+        self._count_tokens(self.verifier.frontier)
+        await self.channel.send(wire.token_message(self.verifier.frontier - 1, token, step_s))
+
+    async def _take(self, first) -> list[Request] | None:
+        """Parse `first` and every message already in the inbox: the requests in order,
+        applying interrupts; None when the session is over (end message or the device gone)."""
+        batch = [first]
+        while not self.inbox.empty():
+            batch.append(self.inbox.get_nowait())
+        requests: list[Request] = []
+        for msg in batch:
+            if msg is None:
+                return None  # the device is gone
+            if isinstance(msg, VerifyRequest):
+                self.stats["requests"] += 1
+                requests.append(
+                    wire.parse_request(
+                        msg,
+                        codec_name=self.config.codec,
+                        codec=self.codec,
+                        vocab_size=self.lm.vocab_size,
+                    )
+                )
+            elif isinstance(msg, Interrupt):
+                self.stats["interrupts"] += 1
+                requests.clear()  # everything sent before the interrupt is void
+                self.verifier.rollback(msg.position, msg.seq)
+            elif wire.control_kind(msg) == wire.END:
+                self.output = [int(t) for t in msg.tokens]
+                self._count_tokens(len(self.output))  # incl. tokens only the device saw
+                await self._send_stats()
+                return None
+        return requests
 
     async def _verify_all(self, requests: list[Request]) -> None:
         merged = merge(requests)
@@ -164,15 +237,18 @@ class CloudSession:
             except Cancelled:
                 self.stats["cancelled_verifications"] += 1
                 return  # an Interrupt is waiting in the inbox
-            self.stats["verify_s"].append(result.verify_s)
-            drafts = min(len(request.drafts), self.config.max_new_tokens - result.position)
-            drafts = min(max(0, drafts), result.num_accepted + (1 if result.rejected else 0))
-            self.stats["drafts_verified"] += drafts
-            self.stats["drafts_accepted"] += result.num_accepted
-            if self.observer is not None:
-                self.observer.verdict(drafts, result.num_accepted, 0)
-            self._count_tokens(self.verifier.frontier)
+            self._record(request, result)
             await self.channel.send(wire.result_message(result))
+
+    def _record(self, request: Request, result) -> None:
+        self.stats["verify_s"].append(result.verify_s)
+        drafts = min(len(request.drafts), self.config.max_new_tokens - result.position)
+        drafts = min(max(0, drafts), result.num_accepted + (1 if result.rejected else 0))
+        self.stats["drafts_verified"] += drafts
+        self.stats["drafts_accepted"] += result.num_accepted
+        if self.observer is not None:
+            self.observer.verdict(drafts, result.num_accepted, 0)
+        self._count_tokens(self.verifier.frontier)
 
     def _count_tokens(self, total: int) -> None:
         """The session has `total` output tokens: tell the observer about the new ones."""

@@ -1,8 +1,11 @@
 """Settings of one edge-cloud speculative decoding session, shared by both sides.
 
 Words used here:
-- *pipeline*: "sync" = stop-and-wait (draft a block, send it, wait for the verdict) or
-  "async" = PicoSpec's pipeline (keep drafting while earlier blocks are verified).
+- *pipeline*: "sync" = stop-and-wait (draft a block, send it, wait for the verdict),
+  "async" = PicoSpec's pipeline (keep drafting while earlier blocks are verified), or
+  "eager" = "the cloud never idles": the async pipeline, and while no draft is waiting the
+  cloud decodes on its own and streams those tokens down (eager.py). Eager needs the whole
+  sent draft law at the cloud and a stateless uplink codec: not separate, not c-sqs, eta 0.
 - *codec*: how draft distributions go up. A `tandem.codecs` name ("dense", "k-sqs", "c-sqs",
   "top-k", "top-p", "identity"), or "separate" = PicoSpec's separate rejection sampling: only
   the draft tokens and their draft probabilities go up; on a rejection the cloud sends the
@@ -33,7 +36,7 @@ import torch
 from tandem.errors import TandemError
 from tandem.sampling.rapid import TAIL_RULES
 
-PIPELINES = ("sync", "async")
+PIPELINES = ("sync", "async", "eager")
 SEPARATE = "separate"
 CODECS = ("dense", SEPARATE, "k-sqs", "c-sqs", "top-k", "top-p", "identity")
 
@@ -86,6 +89,12 @@ class SpecConfig:
                 "eta > 0 needs the whole draft law at the cloud; use an uplink codec "
                 "(k-sqs, c-sqs, dense, top-k...), not separate",
             ),
+            (
+                self.pipeline != "eager" or self.codec not in (SEPARATE, "c-sqs"),
+                "pipeline eager needs a stateless uplink codec (dense, k-sqs, top-k, ...), "
+                "not separate or c-sqs",
+            ),
+            (self.pipeline != "eager" or self.eta == 0, "pipeline eager needs eta = 0"),
         ]
         for ok, message in checks:
             if not ok:

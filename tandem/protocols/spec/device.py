@@ -14,6 +14,11 @@ and is applied once the running draft step has returned or been cancelled.
   `first_chunk` tokens (the cloud starts on a prefix while the rest is drafted); with
   latency-aware truncation a partial block is sent once drafting it took `truncate_factor`
   times longer than expected. Model work runs in a thread, so sends and receives overlap it.
+- eager ("the cloud never idles", eager.py): the async pump, an `EagerDrafter`, and every
+  committed token that comes down (an AR token or an eager verdict's tokens) is adopted: drafts
+  equal to it stay in flight, a different one restarts drafting after it (new epoch). With a
+  `planner.Controller` the session re-plans each round: the block length, and whether to
+  draft at all (not drafting = the cloud's AR stream alone).
 """
 
 from __future__ import annotations
@@ -29,8 +34,10 @@ from tandem.models.base import Cancelled, CausalLM
 from tandem.protocols.spec import wire
 from tandem.protocols.spec.config import SpecConfig
 from tandem.protocols.spec.drafter import Drafter, DraftItem
+from tandem.protocols.spec.eager import EagerDrafter
+from tandem.protocols.spec.planner import Controller
 from tandem.protocols.spec.stats import SpecReport, VerdictRecord
-from tandem.transport import ChannelClosed, Error, TransportError, VerifyResult
+from tandem.transport import ChannelClosed, Error, TargetToken, TransportError, VerifyResult
 
 OnToken = Callable[[int], None]
 STATS_TIMEOUT_S = 10.0
@@ -48,6 +55,7 @@ class DeviceSession:
         *,
         on_token: OnToken | None = None,
         start: tuple[dict, tuple[int, ...]] | None = None,
+        controller: Controller | None = None,
     ) -> None:
         self.channel = channel
         # the start message's body and tokens (default: mode spec, the prompt itself; a mode
@@ -60,7 +68,13 @@ class DeviceSession:
         self.prompt_ids = list(prompt_ids)
         self.config = config
         self.on_token = on_token
-        self.drafter = Drafter(lm, prompt_ids, config, eos_id=lm.tokenizer.eos_token_id)
+        self.eager = config.pipeline == "eager"
+        kind = EagerDrafter if self.eager else Drafter
+        self.drafter = kind(lm, prompt_ids, config, eos_id=lm.tokenizer.eos_token_id)
+        self.controller = controller  # eager: re-plans gamma and drafting each round
+        self._gamma = config.draft_len  # the current block length
+        self._speculate = True  # eager: False = let the cloud's AR stream run alone
+        self._chunks: dict[int, int] = {}  # seq -> drafts in that request
         self.results: asyncio.Queue = asyncio.Queue()
         self.stats_future: asyncio.Future | None = None
         self.report = SpecReport(
@@ -123,6 +137,8 @@ class DeviceSession:
                     if fields["rejected"]:
                         self.drafter.cancel.set()  # interrupt the draft step in flight
                     self.results.put_nowait((fields, msg.seq, time.perf_counter()))
+                elif isinstance(msg, TargetToken) and self.eager:
+                    self.results.put_nowait((wire.parse_token(msg), None, time.perf_counter()))
                 elif isinstance(msg, Error):
                     self._fail(TandemError(f"cloud error: {msg.message}"))
                     return
@@ -152,6 +168,9 @@ class DeviceSession:
         if isinstance(item, TandemError):
             raise item
         fields, seq, received = item
+        if "tokens" in fields:
+            self._adopt(fields, seq, received)
+            return
         sent = self._sent_at.pop(seq, received)
         latency, ema = received - sent, self._latency_ema
         self._latency_ema = latency if ema is None else 0.7 * ema + 0.3 * latency
@@ -182,6 +201,49 @@ class DeviceSession:
             self._epoch_start = self.drafter.frontier
             self._chunk_started = None
 
+    def _adopt(self, fields: dict, seq: int | None, received: float) -> None:
+        """Eager: commit the cloud's tokens (an AR token when `seq` is None, else a verdict)."""
+        outcome = self.drafter.adopt(fields["position"], fields["tokens"])
+        if seq is not None:
+            sent = self._sent_at.pop(seq, received)
+            latency, ema = received - sent, self._latency_ema
+            self._latency_ema = latency if ema is None else 0.7 * ema + 0.3 * latency
+            self.report.verdicts.append(
+                VerdictRecord(
+                    num_accepted=fields["num_accepted"],
+                    has_next=fields["rejected"],
+                    rejected=fields["rejected"],
+                    verify_s=fields["verify_s"],
+                    latency_s=latency,
+                )
+            )
+            if self.controller is not None:
+                self.controller.observe_verify(self._chunks.pop(seq, 1), fields["verify_s"])
+                self.controller.observe_network(max(0.0, latency - fields["verify_s"]))
+        elif self.controller is not None:
+            self.controller.observe_ar(fields["step_s"])
+        if self.controller is not None:
+            self.controller.observe_drafts(outcome.num_accepted, int(outcome.rejected))
+        self._note_committed(received)
+        if outcome.rejected:
+            self._epoch_start = self.drafter.frontier
+            self._chunk_started = None
+
+    def _note_committed(self, received: float) -> None:
+        now = received - self._start  # known since it arrived (perhaps during the prefill)
+        for token in self.drafter.committed[len(self.report.token_times) :]:
+            self.report.token_times.append(now)
+            if self.on_token is not None:
+                self.on_token(token)
+
+    def _replan(self) -> None:
+        """Eager with a controller: this round's block length, and whether to draft at all."""
+        if self.controller is None or not self.eager:
+            return
+        plan = self.controller.plan(("ar", "eager"))
+        self._speculate = plan.method != "ar"
+        self._gamma = plan.gamma if plan.gamma else self._gamma
+
     # ---- drafting and sending -----------------------------------------------------------
 
     def _draft_step(self, bits_left: int | None) -> DraftItem | None:
@@ -192,6 +254,8 @@ class DeviceSession:
         elapsed = time.perf_counter() - start
         if self.drafter.ctx.forward_passes > passes:  # not the step right after the prefill
             self.report.draft_steps.append(elapsed)
+            if self.controller is not None:
+                self.controller.observe_draft(elapsed)
             ema = self._step_ema
             self._step_ema = elapsed if ema is None else 0.7 * ema + 0.3 * elapsed
         if item is not None:
@@ -210,6 +274,7 @@ class DeviceSession:
         self._sent_at[self._seq] = time.perf_counter()
         self.report.drafts_sent += len(chunk.drafts)
         self.report.chunk_sizes.append(len(chunk.drafts))
+        self._chunks[self._seq] = len(chunk.drafts)
         self.report.payload_bits += sum(8 * len(d.payload) for d in chunk.drafts)
         self._chunk_started = None
         await self._send_message(wire.request_message(self._seq, chunk, self.config.codec))
@@ -240,7 +305,7 @@ class DeviceSession:
     def _boundary(self) -> int:
         """Tokens drafted in this epoch at which the current chunk is due."""
         sent = self.drafter.frontier + self.drafter.sent - self._epoch_start
-        gamma, first = self.config.draft_len, self.config.first_chunk
+        gamma, first = self._gamma, min(self.config.first_chunk, self._gamma)
         if self.config.fast_verify and sent < first:
             return first
         return (sent // gamma + 1) * gamma
@@ -269,7 +334,7 @@ class DeviceSession:
         """Drafts to hold so that drafting never stalls waiting for a verdict: a block plus
         what the device drafts during one request's round trip (RTT + T_verify), measured;
         between 2 and 8 blocks (PicoSpec's consecutive pre-drafts)."""
-        gamma = self.config.draft_len
+        gamma = self._gamma
         if self.config.lookahead_blocks or not self._latency_ema or not self._step_ema:
             return self.config.lookahead
         blocks = math.ceil(self._latency_ema / (self._step_ema * gamma)) + 1
@@ -281,11 +346,12 @@ class DeviceSession:
             self._apply_ready()
             if drafter.done:
                 return
+            self._replan()
             drafter.lookahead = self._auto_lookahead()
             if self._chunk_due():
                 await self._send()
                 continue  # verdicts may have arrived meanwhile
-            if not drafter.can_draft():
+            if not drafter.can_draft() or not self._speculate:
                 await self._next_result()
                 continue
             drafter.cancel.clear()
@@ -315,11 +381,14 @@ async def run_device(
     on_token: OnToken | None = None,
     close: bool = True,
     start: tuple[dict, tuple[int, ...]] | None = None,
+    controller: Controller | None = None,
 ) -> SpecReport:
     """The device side of one speculative generation over an open channel (`start`: another
     start message, see DeviceSession)."""
     try:
-        session = DeviceSession(channel, lm, prompt_ids, config, on_token=on_token, start=start)
+        session = DeviceSession(
+            channel, lm, prompt_ids, config, on_token=on_token, start=start, controller=controller
+        )
         return await session.run()
     finally:
         if close:

@@ -11,12 +11,25 @@ rates in tokens/s (TTFT excluded). EL = (1 - alpha^gamma) / (1 - alpha) (Eq. 5),
     sync    R = EL_bonus / (gamma t_draft + rtt + t_decode(gamma + 1))           (Eq. 6-7)
     async   R = EL / [h max(T_d, rtt + t_v) + (1 - h)(T_d + rtt + t_v)]            (Eq. 9)
             with T_d = gamma t_draft, t_v = t_decode(gamma)
-    eager   the extension of Eq. 9 to "the cloud never idles" (eager.py):
-            G     = rtt + c t_draft        the gap a rejection opens: the verdict goes down,
-                                           the device drafts c (= first_chunk) tokens of a
-                                           new chain, they come up; the cloud decodes on
-            n     = G / t_ar               tokens the cloud commits alone during one gap
-            T_rec = G / alpha^n            gaps until a new chain matches all n (geometric)
+    async-deep  Eq. 9 for a pipeline with enough blocks in flight to hide the RTT (ours:
+            device.py's auto lookahead) and fast verification (a new chain's first chunk
+            is c = first_chunk drafts): a block costs max(T_d, t_v) when accepted, and a
+            rejection adds the idle gap rtt + c t_draft before the next verification:
+            R = EL / [h max(T_d, t_v) + (1 - h)(t_v + rtt + c t_draft)]. A prediction only:
+            the controller plans with the paper's Eq. 9 for "async".
+    eager   the extension of Eq. 9 to "the cloud never idles" (eager.py). A rejection
+            opens a gap in which the cloud decodes on its own (AR) while the verdict goes
+            down and the device drafts a new chain from the residual; speculation resumes
+            when a chunk of that chain reaches past the cloud's frontier. A chunk of k drafts
+            arrives at rtt + k t_draft, when the cloud has decoded about that / t_ar tokens,
+            so the chain catches up once k t_draft + rtt <= (k - 1) t_ar:
+            k     = (rtt + t_ar) / (t_ar - t_draft), rounded up to the chunks actually sent
+                    (c = first_chunk, then multiples of gamma); no catching up when
+                    t_draft >= t_ar (then R = 1 / t_ar: eager is cloud AR)
+            G     = rtt + k t_draft        the gap
+            n     = G / t_ar               positions the cloud commits alone in it; the new
+                                           chain's drafts there must all match them
+            T_rec = G / alpha^n            gaps until one chain survives (geometric)
             E[T]  = h max(T_d, t_v) + (1 - h)(t_v + T_rec)
             E[N]  = EL + (1 - h) T_rec / t_ar
             R     = E[N] / E[T]
@@ -32,11 +45,13 @@ rtt, and `plan()` returns the method and draft length of highest predicted throu
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 EXACT_METHODS = ("ar", "sync", "async", "eager")
 GAMMAS = tuple(range(1, 9))
 MIN_POWER = 1e-12  # floor of alpha^n in T_rec (alpha -> 0: the recovery never ends)
+MARGIN = 0.01  # a method listed later must predict this much more to be chosen
 
 
 @dataclass(frozen=True)
@@ -90,13 +105,28 @@ def throughput(method: str, alpha: float, gamma: int, costs: Costs) -> float:
     if method == "async":
         step = hit * max(t_blk, c.rtt + t_v) + (1.0 - hit) * (t_blk + c.rtt + t_v)
         return expected_length(alpha, gamma) / step
+    if method == "async-deep":
+        step = hit * max(t_blk, t_v) + (1.0 - hit) * (t_v + c.rtt + c.first_chunk * c.t_draft)
+        return expected_length(alpha, gamma) / step
     if method == "eager":
-        gap = c.rtt + c.first_chunk * c.t_draft
+        if c.t_draft >= c.t_ar:
+            return 1.0 / c.t_ar  # drafts never get ahead of the cloud's own decoding
+        gap = c.rtt + catch_up_drafts(gamma, c) * c.t_draft
         recovery = gap / max(MIN_POWER, alpha ** (gap / c.t_ar))
         time = hit * max(t_blk, t_v) + (1.0 - hit) * (t_v + recovery)
         tokens = expected_length(alpha, gamma) + (1.0 - hit) * recovery / c.t_ar
         return tokens / time
     raise ValueError(f"unknown method {method!r}")
+
+
+def catch_up_drafts(gamma: int, costs: Costs) -> int:
+    """Drafts of a new chain sent when its chunk first reaches past the cloud's frontier
+    (module docstring, eager's k): first_chunk, then multiples of gamma."""
+    c = costs
+    need = (c.rtt + c.t_ar) / (c.t_ar - c.t_draft)
+    if need <= c.first_chunk:
+        return c.first_chunk
+    return gamma * math.ceil(need / gamma)
 
 
 @dataclass(frozen=True)
@@ -113,14 +143,15 @@ def best(
     methods: tuple[str, ...] = EXACT_METHODS,
     gammas: tuple[int, ...] = GAMMAS,
 ) -> Plan:
-    """The method and draft length of highest predicted throughput (ties: listed first)."""
+    """The method and draft length of highest predicted throughput; a later method or a
+    longer block must beat the current choice by MARGIN (ties go to the simpler one)."""
     table: dict[str, dict[int, float]] = {}
     choice = ("", 0, -1.0)
     for method in methods:
         lengths = (0,) if method == "ar" else gammas
         table[method] = {g: throughput(method, alpha, max(1, g), costs) for g in lengths}
         for g, rate in table[method].items():
-            if rate > choice[2] * (1 + 1e-9):
+            if rate > choice[2] * (1 + MARGIN):
                 choice = (method, g, rate)
     return Plan(method=choice[0], gamma=choice[1], predicted_tok_s=choice[2], table=table)
 

@@ -13,6 +13,7 @@ from tandem.models.base import CausalLM
 from tandem.protocols.spec.cloud import serve_session
 from tandem.protocols.spec.config import SpecConfig
 from tandem.protocols.spec.device import OnToken, run_device
+from tandem.protocols.spec.planner import Controller
 from tandem.protocols.spec.stats import SpecReport
 from tandem.transport import LinkConfig, TransportConfig, connect, memory_pair
 
@@ -25,12 +26,16 @@ async def run_pair(
     config: SpecConfig,
     link: LinkConfig | None = None,
     on_token: OnToken | None = None,
+    controller: Controller | None = None,
 ) -> tuple[SpecReport, dict | None]:
-    """One generation with both sides in this process; returns (device report, cloud stats)."""
+    """One generation with both sides in this process; returns (device report, cloud stats).
+    `controller`: the eager pipeline's adaptive controller (planner.py)."""
     device_channel, cloud_channel = memory_pair(link=link)
     cloud_task = asyncio.create_task(serve_session(cloud_channel, cloud_lm))
     device_task = asyncio.create_task(
-        run_device(device_channel, device_lm, prompt_ids, config, on_token=on_token)
+        run_device(
+            device_channel, device_lm, prompt_ids, config, on_token=on_token, controller=controller
+        )
     )
     try:
         await asyncio.wait({device_task, cloud_task}, return_when=asyncio.FIRST_COMPLETED)

@@ -19,7 +19,11 @@ the mapping).
                                    position = output tokens kept (the cloud rolls back)
     end (device -> cloud)          DraftTokens, codec "spec.end", tokens = the output
     stats (cloud -> device)        DraftTokens, codec "spec.stats", body = cloud measurements
-    cloud AR token                 TargetToken: position, token (baseline "ar")
+    cloud AR token                 TargetToken: position, token (baseline "ar"; pipeline
+                                   eager: a token the cloud committed on its own, arrays:
+                                   step_s = float64 [1], its forward pass time)
+    eager verdict                  VerifyResult as above, arrays also tokens = int64 [n]: every
+                                   token it commits (accepted drafts, then the residual)
     failure                        Error, code "spec"
 
 The transport has no session-start message, so start/ready/end/stats ride on DraftTokens with
@@ -27,6 +31,8 @@ a reserved codec name and position -1 (never a real draft), as DRAGON's do.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -36,7 +42,15 @@ from tandem.protocols.spec.config import SEPARATE
 from tandem.protocols.spec.drafter import Chunk
 from tandem.protocols.spec.separate import sparse_draft_rows
 from tandem.protocols.spec.verifier import Request, Result
-from tandem.transport import DraftTokens, Error, Interrupt, VerifyRequest, VerifyResult, control
+from tandem.transport import (
+    DraftTokens,
+    Error,
+    Interrupt,
+    TargetToken,
+    VerifyRequest,
+    VerifyResult,
+    control,
+)
 from tandem.transport.control import control_body  # noqa: F401  (re-exported for callers)
 
 START, READY, END, STATS = "spec.start", "spec.ready", "spec.end", "spec.stats"
@@ -123,6 +137,26 @@ def result_message(result: Result) -> VerifyResult:
     )
 
 
+def eager_result_message(result: Result, tokens: tuple[int, ...]) -> VerifyResult:
+    """An eager verdict: `result_message` plus the tokens it commits (eager.py)."""
+    msg = result_message(result)
+    return replace(msg, arrays={**msg.arrays, "tokens": np.array(tokens, dtype=np.int64)})
+
+
+def token_message(position: int, token: int, step_s: float) -> TargetToken:
+    """A token the eager cloud committed by itself (an AR step)."""
+    arrays = {"step_s": np.array([step_s], dtype=np.float64)}
+    return TargetToken(seq=position, position=position, token=token, arrays=arrays)
+
+
+def parse_token(msg: TargetToken) -> dict:
+    """An eager AR token as the fields `parse_result` gives (tokens = (token,))."""
+    step_s = msg.arrays.get("step_s")
+    if step_s is None or step_s.shape != (1,) or msg.token < 0:
+        raise ValueError("malformed eager token")
+    return {"position": msg.position, "tokens": (int(msg.token),), "step_s": float(step_s[0])}
+
+
 def parse_result(msg: VerifyResult) -> dict:
     """Fields of a verdict as `Drafter.apply` takes them, plus `verify_s` and `rejected`."""
     meta = msg.arrays.get("meta")
@@ -137,7 +171,7 @@ def parse_result(msg: VerifyResult) -> dict:
         "target_payload": msg.payload,
         "rejected": bool(meta[1]),
         "verify_s": float(verify_s[0]),
-    }
+    } | ({"tokens": tuple(int(t) for t in msg.arrays["tokens"])} if "tokens" in msg.arrays else {})
 
 
 def interrupt_message(epoch: int, position: int, reason: str = "") -> Interrupt:

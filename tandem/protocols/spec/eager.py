@@ -1,0 +1,210 @@
+"""Pipeline "eager", "the cloud never idles": both sides' state objects (no I/O, no clocks).
+
+The async pipeline (PicoSpec) leaves the cloud idle from each rejection until the device's
+next drafts arrive: one round trip plus a draft step. Here the cloud fills every such gap by
+decoding on its own from its last committed token, and streams those tokens down as
+committed. Words used here (as in drafter.py and verifier.py), and:
+
+- *AR step*: the cloud samples the token at its frontier from the target law with the
+  generator the verifier would use there, config.position_generator(seed, "verify", position).
+  Right after a verification the row it needs is already computed (the pass's last row, or the
+  residual token is pending), so the first step after a fully accepted block is free: it plays
+  the bonus token's role (verify() draws no bonus in this mode).
+- *chain*: the drafts of one device epoch, in position order. The device starts a new chain
+  (epoch + 1) whenever a token the cloud committed differs from its draft at that position
+  (a rejection verdict, or an AR token it did not draft); it then drafts from its frontier.
+- *adopt*: the device's rule for every committed token that comes down (AR token, accepted
+  draft, residual): a token equal to the device's draft there commits that draft and keeps the
+  drafts after it in flight (they were conditioned on the right prefix); a different token
+  voids every draft (new epoch), is committed, and drafting restarts after it.
+- *admit*: the cloud's rule for a request. A request of an older epoch, or of the current
+  epoch once that chain is *dead* (one of its drafts differs from a committed token), is stale.
+  A request of a newer epoch starts a new chain. Drafts at positions the cloud has already
+  committed are checked against the committed tokens: the matching prefix is skipped, a
+  mismatch kills the chain (the device hears of it from the token already streamed down).
+  The drafts left, starting at the cloud's frontier, are verified in one forward pass.
+- *preempt*: a request that arrives during an AR step stops it (the cancel event) only when
+  that pays: the request is not stale, holds drafts beyond the position being decoded, and the
+  step has run less than the fixed part of a forward pass (t_ar - per-token cost, measured:
+  stopping throws away the elapsed time, finishing costs the rest but commits a token and
+  shortens the verification by one). Timing only: it never changes what a position draws.
+
+Exactness (the output law is the target's). The cloud commits each position t exactly once,
+by (a) an AR step: x_t ~ target(. | x_<t) drawn with generator ("verify", t); or (b) verifying
+the draft d_t that the device sampled from the law q_t it transmitted, with generator
+("draft", t), against target(. | x_<t) with generator ("verify", t) (accept with
+min(1, target/q_t), else the residual). A content-skipped draft commits nothing: its position
+was committed by (a) or (b) before. Both branches give x_t | x_<t ~ target(. | x_<t) as long as
+the choice between them is independent of the two generators at t: the speculative sampling
+lemma holds for any proposal law q_t, including one computed on a prefix the cloud does not
+hold (such drafts are in dead chains and never verified anyway). The choice at t depends on
+what arrived when: on the timing of forward passes and messages (which depends on token
+counts, never on token values), on everything at positions < t, and on the laws q_t (their
+size under a bit budget), never on the values drawn at t: the draft at t is made with the
+same generator in every chain, the cloud's AR step at t is preempted before it samples, and
+the position's "verify" generator is used once. The chain rule over t then gives the target's
+joint law; at temperature 0 both branches are the target's argmax, so the output is its
+greedy decoding. tests/exactness/test_eager_law.py enumerates the law for fixed schedules
+of the state objects and checks the real runs by chi-square.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from tandem.codecs import sample_token
+from tandem.errors import TandemError
+from tandem.protocols.spec.config import position_generator
+from tandem.protocols.spec.drafter import Drafter, Outcome
+from tandem.protocols.spec.verifier import Request, Result, Verifier
+from tandem.sampling.warp import warp
+
+
+@dataclass(frozen=True)
+class Admission:
+    """What `EagerVerifier.admit` made of one request."""
+
+    verify: Request | None  # the drafts left to verify from the frontier (None: nothing)
+    skipped: int  # drafts at positions already committed that matched them
+    stale: bool  # the request's chain is old or dead, or a draft mismatched a committed token
+
+
+class EagerVerifier(Verifier):
+    """Cloud state for one eager generation: a Verifier plus AR steps and chain tracking."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if self.config.pipeline != "eager":
+            raise TandemError("spec: EagerVerifier needs pipeline eager")
+        self.chain_epoch = 0
+        self.chain_dead = False
+        self.ar_steps = 0  # tokens committed by AR steps
+        self.skipped = 0  # drafts skipped by the content check
+        self._ar_s: list[float] = []  # recent AR step times
+        self._per_token_s: list[float] = []  # recent verify passes' cost per extra token
+
+    @property
+    def done(self) -> bool:
+        if self.frontier >= self.config.max_new_tokens:
+            return True
+        return self.eos_id is not None and self.eos_id in self.committed
+
+    def ar_step(self) -> int | None:
+        """Commit the token at the frontier from the target law (one forward pass unless the
+        row is already there; preemptible through `cancel`, nothing changes if cancelled)."""
+        if self.done:
+            return None
+        row = self.ctx.logits(cancel=self.cancel)[-1]  # [vocab]
+        target_probs = warp(row, **self.config.sampling())
+        generator = position_generator(self.config.seed, "verify", self.frontier)
+        token = sample_token(target_probs, generator)
+        self.committed.append(token)
+        self.ctx.append([token])
+        self.ar_steps += 1
+        return token
+
+    def note_pass(self, tokens: int, seconds: float) -> None:
+        """A forward pass over `tokens` new tokens took `seconds` (AR step: 1)."""
+        if tokens <= 1:
+            self._ar_s = [*self._ar_s[-15:], seconds]
+        elif self._ar_s:
+            t_ar = sum(self._ar_s) / len(self._ar_s)
+            self._per_token_s = [
+                *self._per_token_s[-15:],
+                max(0.0, (seconds - t_ar) / (tokens - 1)),
+            ]
+
+    def worth_preempting(self, epoch: int, position: int, count: int, elapsed_s: float) -> bool:
+        """Whether a request (epoch, drafts at position .. position + count) that arrives
+        `elapsed_s` into the AR step at the frontier should stop it (*preempt*)."""
+        if epoch < self.chain_epoch or (epoch == self.chain_epoch and self.chain_dead):
+            return False
+        if position + count <= self.frontier + 1:
+            return False  # nothing beyond the token being decoded: finishing it is free
+        if not self._ar_s or not self._per_token_s:
+            return True
+        t_ar = sum(self._ar_s) / len(self._ar_s)
+        per_token = sum(self._per_token_s) / len(self._per_token_s)
+        return elapsed_s < t_ar - per_token
+
+    def admit(self, request: Request) -> Admission:
+        """Chain and content checks (module docstring); no model work."""
+        if request.fixed:
+            raise TandemError("spec: eager requests carry no fixed tokens")
+        if request.epoch < self.chain_epoch or (
+            request.epoch == self.chain_epoch and self.chain_dead
+        ):
+            return Admission(verify=None, skipped=0, stale=True)
+        if request.epoch > self.chain_epoch:
+            self.chain_epoch, self.chain_dead = request.epoch, False
+        if request.position > self.frontier:
+            raise TandemError(
+                f"spec: eager request at position {request.position} beyond the cloud's "
+                f"frontier {self.frontier}"
+            )
+        skip = 0
+        for offset, token in enumerate(request.drafts):
+            position = request.position + offset
+            if position >= self.frontier:
+                break
+            if self.committed[position] != token:
+                self.chain_dead = True
+                self.skipped += skip
+                return Admission(verify=None, skipped=skip, stale=True)
+            skip += 1
+        self.skipped += skip
+        rest = request.drafts[skip:]
+        if not rest or self.done:
+            return Admission(verify=None, skipped=skip, stale=False)
+        plan = replace(
+            request,
+            epoch=self.epoch,
+            position=self.frontier,
+            drafts=rest,
+            draft_rows=request.draft_rows[skip:],
+            final=False,  # the AR step after the pass takes the bonus row
+        )
+        return Admission(verify=plan, skipped=skip, stale=False)
+
+    def verify(self, request: Request) -> Result:
+        result = super().verify(request)
+        if result.rejected:
+            self.chain_dead = True  # a committed token differs from this chain's draft
+        return result
+
+
+class EagerDrafter(Drafter):
+    """Device state for one eager generation: a Drafter that adopts committed tokens."""
+
+    def adopt(self, position: int, tokens: tuple[int, ...] | list[int]) -> Outcome:
+        """Commit the cloud's tokens from `position` (module docstring: *adopt*)."""
+        if position > self.frontier:
+            raise TandemError(f"spec: committed tokens from {position}, frontier {self.frontier}")
+        start = self.frontier
+        matched, rollback = 0, False
+        for token in list(tokens)[start - position :]:  # those not known yet
+            if self.done:
+                break
+            token = int(token)
+            if self.drafts and self.drafts[0].token == token:
+                self.drafts.pop(0)
+                self.sent = max(0, self.sent - 1)
+                self.committed.append(token)
+                matched += 1
+            else:
+                if self.drafts:  # the cloud's token differs from the draft here: new chain
+                    rollback = True
+                    self._codec_backtrack(self.drafts[0])
+                    self.drafts.clear()
+                    self.sent = 0
+                    self.epoch += 1
+                self.ctx.truncate(self.frontier)
+                self.committed.append(token)
+                self.ctx.append([token])
+        self._trim_to_stop()
+        return Outcome(
+            committed=tuple(self.committed[start:]),
+            num_accepted=matched,
+            rejected=rollback,
+            bonus=False,
+        )

@@ -1,0 +1,188 @@
+"""Pipeline eager ("the cloud never idles"): the state objects' rules (admit, adopt, AR step),
+both asyncio layers over an emulated link, greedy output == the target's plain greedy output
+(tiny models; the real Qwen pair in a slow test). Laws: tests/exactness/test_eager_law.py."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+
+import pytest
+import torch
+
+from tandem.config import SamplingConfig
+from tandem.errors import TandemError
+from tandem.protocols.local import generate
+from tandem.protocols.spec import SpecConfig, run_pair
+from tandem.protocols.spec.eager import EagerDrafter, EagerVerifier
+from tandem.protocols.spec.verifier import Request
+from tandem.transport import LinkConfig
+
+from .fakes import TableLM
+
+PROMPT = [1, 2, 3]
+
+
+def eager_config(**kw) -> SpecConfig:
+    base = {"pipeline": "eager", "temperature": 0.0, "max_new_tokens": 12, "stop_at_eos": False}
+    return SpecConfig(**{**base, **kw})
+
+
+def table_greedy(lm: TableLM, prompt: list[int], n: int) -> list[int]:
+    out: list[int] = []
+    for _ in range(n):
+        out.append(int(lm.row(tuple(prompt + out)).argmax()))
+    return out
+
+
+def request(epoch: int, position: int, drafts: tuple[int, ...], vocab: int = 8) -> Request:
+    rows = torch.full((len(drafts), vocab), 1.0 / vocab)
+    return Request(
+        seq=1, epoch=epoch, position=position, fixed=(), drafts=drafts, draft_rows=rows, final=False
+    )
+
+
+def test_config_refuses_stateful_or_separate_uplinks():
+    for codec in ("separate", "c-sqs"):
+        with pytest.raises(TandemError, match="eager"):
+            SpecConfig(pipeline="eager", codec=codec)
+    SpecConfig(pipeline="eager", codec="k-sqs")
+
+
+def test_admit_skips_matching_committed_drafts_and_kills_a_chain_on_a_mismatch():
+    target = TableLM(8, "t")
+    verifier = EagerVerifier(target, PROMPT, eager_config(), eos_id=None)
+    verifier.prefill()
+    ar = [verifier.ar_step() for _ in range(3)]  # the cloud runs ahead: positions 0-2
+    assert ar == table_greedy(target, PROMPT, 3) and verifier.ar_steps == 3
+    other = (ar[1] + 1) % 8
+    # epoch 0: drafts for positions 0-3; 0-2 match the AR tokens (skipped), 3 is verified
+    admission = verifier.admit(request(0, 0, (ar[0], ar[1], ar[2], 5)))
+    assert admission.skipped == 3 and not admission.stale
+    assert admission.verify is not None and admission.verify.position == 3
+    assert admission.verify.drafts == (5,) and admission.verify.draft_rows.shape == (1, 8)
+    # a mismatch at a committed position kills the chain: later requests of it are stale
+    admission = verifier.admit(request(1, 0, (ar[0], other)))
+    assert admission.stale and admission.skipped == 1 and verifier.chain_dead
+    assert verifier.admit(request(1, 2, (ar[2],))).stale
+    assert verifier.admit(request(0, 3, (5,))).stale  # an older epoch
+    fresh = verifier.admit(request(2, 2, (ar[2],)))  # a newer epoch starts a new chain
+    assert not fresh.stale and fresh.skipped == 1 and fresh.verify is None
+    with pytest.raises(TandemError, match="beyond"):
+        verifier.admit(request(2, 7, (1,)))
+
+
+def test_a_rejection_kills_the_chain_and_the_next_ar_step_feeds_the_residual():
+    target = TableLM(8, "t")
+    verifier = EagerVerifier(target, PROMPT, eager_config(), eos_id=None)
+    verifier.prefill()
+    truth = table_greedy(target, PROMPT, 3)
+    wrong = (truth[1] + 1) % 8
+    rows = torch.zeros(2, 8)
+    rows[0, truth[0]] = rows[1, wrong] = 1.0  # one-hot drafts (greedy)
+    plan = verifier.admit(
+        Request(
+            seq=1,
+            epoch=0,
+            position=0,
+            fixed=(),
+            drafts=(truth[0], wrong),
+            draft_rows=rows,
+            final=False,
+        )
+    ).verify
+    result = verifier.verify(plan)
+    assert result.rejected and result.num_accepted == 1 and result.next_token == truth[1]
+    assert verifier.chain_dead and verifier.committed == truth[:2]
+    assert verifier.ar_step() == truth[2]  # decodes on from the residual
+
+
+def test_adopt_keeps_matching_drafts_and_restarts_after_a_mismatch():
+    target = TableLM(8, "t")
+    draft = TableLM(8, "d", correlate_with=target, mix=1.0)  # drafts = the target's argmax
+    drafter = EagerDrafter(draft, PROMPT, eager_config(codec="dense"), eos_id=None)
+    drafter.prefill()
+    for _ in range(3):
+        drafter.draft_next()
+    drafter.take_chunk()
+    truth = [d.token for d in drafter.drafts]
+    outcome = drafter.adopt(0, truth[:1])  # an AR token equal to the draft in flight
+    assert outcome.num_accepted == 1 and not outcome.rejected
+    assert drafter.sent == 2 and len(drafter.drafts) == 2 and drafter.epoch == 0
+    other = (truth[1] + 1) % 8
+    outcome = drafter.adopt(0, (truth[0], other))  # position 0 known already: skipped
+    assert outcome.rejected and outcome.committed == (other,)
+    assert drafter.drafts == [] and drafter.sent == 0 and drafter.epoch == 1
+    assert drafter.ctx.ids == PROMPT + [truth[0], other]
+    with pytest.raises(TandemError):
+        drafter.adopt(5, (1,))
+
+
+@pytest.mark.parametrize("codec,params", [("dense", {}), ("k-sqs", {"k": 8})])
+def test_greedy_equals_target_greedy_over_a_slow_link(codec, params):
+    """Timed fakes: the cloud decodes on its own during every round trip (AR tokens), drafts
+    arrive for positions it has committed (skipped or stale), the rest is verified."""
+    target = TableLM(16, "t", step_delay_s=0.01)
+    draft = TableLM(16, "d", correlate_with=target, mix=0.8, step_delay_s=0.002)
+    n = 40
+    config = eager_config(codec=codec, codec_params=params, max_new_tokens=n)
+    report, cloud = asyncio.run(
+        run_pair(
+            device_lm=draft,
+            cloud_lm=target,
+            prompt_ids=PROMPT,
+            config=config,
+            link=LinkConfig(delay_ms=25.0, jitter_ms=5.0, seed=1),
+        )
+    )
+    assert report.tokens == table_greedy(target, PROMPT, n)
+    assert report.cloud["agrees_with_device"]
+    assert cloud["ar_tokens"] > 0 and cloud["drafts_verified"] > 0  # both branches ran
+    assert cloud["ar_tokens"] + cloud["drafts_accepted"] <= n
+
+
+@pytest.mark.parametrize("codec,params", [("dense", {}), ("k-sqs", {"k": 8})])
+def test_tiny_models_greedy_equals_plain_greedy(tiny_lm, tiny_target, prompt_ids, codec, params):
+    n = 24
+    reference = generate(
+        tiny_target, prompt_ids, SamplingConfig(temperature=0, max_new_tokens=n, stop_at_eos=False)
+    ).tokens
+    config = eager_config(codec=codec, codec_params=params, max_new_tokens=n)
+    report, _ = asyncio.run(
+        run_pair(
+            device_lm=tiny_lm,
+            cloud_lm=tiny_target,
+            prompt_ids=prompt_ids,
+            config=config,
+            link=LinkConfig(delay_ms=3.0, jitter_ms=2.0, seed=1),
+        )
+    )
+    assert report.tokens == reference
+    assert report.cloud["agrees_with_device"]
+
+
+@pytest.mark.slow
+def test_qwen_pair_eager_greedy_equals_the_cloud_models_greedy(real_lm, greedy):
+    """The real pair on llama.cpp, 16 tokens: equal to the 1.5B model's plain greedy output
+    or departing only at a near-tie (conftest.assert_greedy_equal)."""
+    from tandem.models.registry import load_model
+
+    cloud_lm = load_model("qwen2.5-coder-1.5b", progress=False)
+    try:
+        n = 16
+        ids = cloud_lm.tokenizer.encode('def fibonacci(n):\n    """Return the n-th Fibonacci."""\n')
+        expected, margins = greedy.with_margins(cloud_lm, ids, n)
+        config = eager_config(codec="k-sqs", codec_params={"k": 8}, max_new_tokens=n)
+        report, _ = asyncio.run(
+            run_pair(
+                device_lm=real_lm,
+                cloud_lm=cloud_lm,
+                prompt_ids=ids,
+                config=config,
+                link=LinkConfig(delay_ms=10.0),
+            )
+        )
+        greedy.assert_equal(cloud_lm, report.tokens, expected, margins)
+    finally:
+        del cloud_lm
+        gc.collect()
