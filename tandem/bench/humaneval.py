@@ -57,6 +57,8 @@ MODES: dict[str, tuple[str, dict]] = {
     "sqs": ("spec", {"pipeline": "sync", "codec": "k-sqs", "codec_params": {"k": 3}}),  # SQS-SD
     "c-sqs": ("spec", {"pipeline": "sync", "codec": "c-sqs"}),
     "sqs-async": ("spec", {"pipeline": "async", "codec": "k-sqs", "codec_params": {"k": 3}}),
+    # the cloud never idles (tandem.protocols.spec.eager), K-SQS K=3 uplink
+    "spec-eager": ("spec", {"pipeline": "eager", "codec": "k-sqs", "codec_params": {"k": 3}}),
 }
 WARMUP_TOKENS = 8
 CLOUD_START_S = 300.0  # the cloud loads its model before it listens
