@@ -50,6 +50,7 @@ class DragonConfig:
     scorer: str = "embedding"  # dynamic relevance: embedding | bm25 | static (retrieval scores)
     relevance_interval: int = 4  # re-score the documents every this many tokens
     relevance_temperature: float = 0.1  # relevance logits = similarity / temperature
+    relevance_prefetch: bool = True  # score a prefix on a thread while its last token decodes
     acceptance_ema: float = 0.3  # weight of a new observation in the acceptance moving average
     slope_weight: float = 0.1  # rho: weight of a new decode timing in the online slope update
     rtt_probe_s: float = 0.5  # in-band Ping interval while generating (0 = no probes)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,7 +40,12 @@ class SideLaw:
 
 
 class RelevanceSchedule:
-    """Relevance logits [docs] as a pure function of the generated prefix."""
+    """Relevance logits [docs] as a pure function of the generated prefix.
+
+    `prefetch(tokens)` starts scoring the prefix `scores(tokens)` will need on a background
+    thread (`background=True`), so a decoder can run it alongside the decode of the last
+    token (which the scores do not depend on); `scores` then waits for it. Same inputs, same
+    scores: only when they are computed changes."""
 
     def __init__(
         self,
@@ -50,6 +56,7 @@ class RelevanceSchedule:
         scorer: RelevanceScorer | None = None,
         static_scores: np.ndarray | None = None,  # [docs], used when there is no scorer
         interval: int = 4,
+        background: bool = False,
     ):
         self.num_docs = num_docs
         self.query = query
@@ -60,25 +67,66 @@ class RelevanceSchedule:
         )
         assert self.static.shape == (num_docs,), self.static.shape
         self.interval = interval
+        self.background = background
         self._cache: dict[int, tuple[tuple[int, ...], np.ndarray]] = {}
+        self._pending: dict[tuple[int, ...], Future] = {}
+        self._lock = threading.Lock()  # cache and pending
+        self._score_lock = threading.Lock()  # one scorer call at a time
         self.calls = 0
+        self.prefetched = 0  # scores that were ready or in flight when asked for
+
+    def _key(self, tokens: list[int]) -> tuple[int, tuple[int, ...]]:
+        boundary = len(tokens) // self.interval * self.interval
+        return boundary, tuple(tokens[:boundary])
+
+    def prefetch(self, tokens: list[int]) -> None:
+        """Start scoring the prefix `tokens` will be scored on, unless known or in flight."""
+        if self.scorer is None or not self.background:
+            return
+        boundary, key = self._key(tokens)
+        with self._lock:
+            cached = self._cache.get(boundary)
+            if (cached is not None and cached[0] == key) or key in self._pending:
+                return
+            self._pending[key] = _relevance_pool().submit(self._compute, boundary, key)
 
     def scores(self, tokens: list[int]) -> np.ndarray:  # [docs] float32
         if self.scorer is None:
             return self.static.astype(np.float32)
-        boundary = len(tokens) // self.interval * self.interval
-        key = tuple(tokens[:boundary])
-        cached = self._cache.get(boundary)
+        boundary, key = self._key(tokens)
+        with self._lock:
+            cached = self._cache.get(boundary)
+            pending = self._pending.get(key)
         if cached is not None and cached[0] == key:
             return cached[1]
+        if pending is not None:
+            self.prefetched += 1
+            return pending.result()
+        return self._compute(boundary, key)
+
+    def _compute(self, boundary: int, key: tuple[int, ...]) -> np.ndarray:
         text = self.query if not boundary else f"{self.query}\n{self.detokenize(list(key))}"
-        scores = np.asarray(self.scorer.score(text), dtype=np.float32)
-        assert scores.shape == (self.num_docs,), scores.shape
-        self.calls += 1
-        for stale in [b for b in self._cache if b >= boundary]:
-            del self._cache[stale]
-        self._cache[boundary] = (key, scores)
+        with self._score_lock:
+            scores = np.asarray(self.scorer.score(text), dtype=np.float32)
+            assert scores.shape == (self.num_docs,), scores.shape
+            self.calls += 1
+        with self._lock:
+            for stale in [b for b in self._cache if b >= boundary]:
+                del self._cache[stale]
+            self._cache[boundary] = (key, scores)
+            self._pending.pop(key, None)
         return scores
+
+
+_POOL: ThreadPoolExecutor | None = None
+
+
+def _relevance_pool() -> ThreadPoolExecutor:
+    """One background scorer thread per process (sessions queue on it)."""
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dragon-relevance")
+    return _POOL
 
 
 def side_law(
@@ -137,7 +185,7 @@ class DocDecoder:
 
     def prefill(self) -> float:
         """Build the rows (document KV from the store when present); returns seconds."""
-        began = time.perf_counter()
+        began = start = time.perf_counter()
         if self.kv_store is not None and all(self.prefixes) and self.suffix:
             states = []
             for prefix in self.prefixes:
@@ -145,9 +193,13 @@ class DocDecoder:
                 self.kv_hits += int(hit)
                 states.append(state)
             self.state = self.lm.stack(states) if len(states) > 1 else states[0]
-            self.lm.decode(self.state, self.suffix)
+            start = self._clock("kv_load", start)
+            self.relevance.prefetch([])  # the first law's scores, alongside the question's decode
+            self.lm.decode(self.state, self.suffix)  # the question on all k rows at once
         else:
+            self.relevance.prefetch([])
             self.state = self.lm.prefill([prefix + self.suffix for prefix in self.prefixes])
+        self._clock("prefill", start)
         self.prompt_len = self.state.seq_len
         self.prompt_logits = self.state.logits.clone()
         self.tokens = []
@@ -170,6 +222,7 @@ class DocDecoder:
             self._crop(common - 1)
         todo = tokens[len(self.tokens) :]
         if todo:
+            self.relevance.prefetch(tokens)  # scored while the rows decode (it needs no logits)
             began = time.perf_counter()
             try:  # all k rows in one forward pass (one llama_decode / one HF call)
                 self.lm.decode(self.state, [todo] * self.num_rows, cancel=cancel)

@@ -108,6 +108,7 @@ def build_decoder(
         scorer=scorer,
         static_scores=static,
         interval=config.relevance_interval,
+        background=config.relevance_prefetch,
     )
     decoder = DocDecoder(
         lm,

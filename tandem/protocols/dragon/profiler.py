@@ -16,9 +16,11 @@ Words used here:
   summed busy time (`PHASES`: the decoder thread's decode of the k document rows, relevance
   scoring, the local mixture, the codec; the event loop's wire (de)serialisation, Algorithm 1,
   the scheduler, the channel send; and the waits: the decoder idle for lack of room or of a
-  resolution, a message queued in the outbox). The *critical path* splits each gap between
-  two target tokens into waiting for this side's own draft, waiting for the peer (its draft
-  or its target token: network + the peer's compute) and the rest (aggregation, bookkeeping).
+  resolution, a message queued in the outbox); `STARTUP` phases (retrieval, loading the
+  documents' stored KV, the prefill of the rest) happen once. The *critical path* splits
+  each gap between two target tokens into waiting for this side's own draft, waiting for
+  the peer (its draft or its target token: network + the peer's compute) and the rest
+  (aggregation, bookkeeping).
   The offline profile and the drafts' `decode_s` feed the scheduler; the timeline only
   reports, it never changes a decision.
 """
@@ -193,6 +195,7 @@ PHASES = (
     "idle", "outbox",
 )  # fmt: skip
 CRITICAL = ("own", "peer", "resolve")  # the split of every inter-token gap
+STARTUP = ("retrieve", "kv_load", "prefill")  # once per session, before the first draft
 
 
 class Timeline:
@@ -262,5 +265,6 @@ def summarize(totals: dict[str, float], critical: list[dict]) -> dict:
         "work_share": {p: (v / gap if gap else None) for p, v in work.items()},
         "critical_ms_per_token": path,
         "critical_share": {p: (v / gap if gap else None) for p, v in path.items()},
+        "startup_ms": {phase: 1e3 * totals.get(phase, 0.0) for phase in STARTUP},
         "per_token": critical,
     }

@@ -132,7 +132,9 @@ def timeline_lines(summary: dict | None, title: str) -> list[str]:
     return [
         f"{title}: {summary['tokens']} tokens, {summary['mean_gap_ms']:.1f} ms/token after the "
         f"first (TTFT {first['gap_ms']:.0f} ms: own {first['own_ms']:.0f}, peer "
-        f"{first['peer_ms']:.0f}, resolve {first['resolve_ms']:.0f})",
+        f"{first['peer_ms']:.0f}, resolve {first['resolve_ms']:.0f}; "
+        + ", ".join(f"{k} {v:.0f}" for k, v in summary.get("startup_ms", {}).items())
+        + ")",
         "  waiting for  " + cells(summary["critical_ms_per_token"], summary["critical_share"]),
         "  busy         " + cells(summary["work_ms_per_token"], summary["work_share"]),
     ]

@@ -163,7 +163,9 @@ class DragonSide(SideIO):
         if self.prebuilt is not None:
             decoder = self.prebuilt
         else:
+            began = time.perf_counter()
             decoder, docs = build_decoder(self.lm, self.knowledge, self.question, self.config)
+            self.timeline.since("retrieve", began)
             self.report.docs = [(d.doc_id, d.score) for d in docs]
         decoder.clock = self.timeline
         return decoder

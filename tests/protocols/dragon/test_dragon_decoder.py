@@ -102,6 +102,30 @@ def test_relevance_is_a_pure_function_of_the_prefix():
     assert scorer.texts[-1] == "q"
 
 
+def test_prefetched_relevance_is_the_same_scores_computed_on_the_scorer_thread():
+    import threading
+
+    class ThreadScorer(CountingScorer):
+        def score(self, context: str) -> np.ndarray:
+            self.threads = [*getattr(self, "threads", []), threading.current_thread().name]
+            return super().score(context)
+
+    def schedule(scorer, background):
+        return RelevanceSchedule(
+            num_docs=2, query="q", detokenize=lambda ids: "x" * sum(ids), scorer=scorer,
+            interval=2, background=background,
+        )  # fmt: skip
+
+    inline, ahead = schedule(CountingScorer(), False), schedule(ThreadScorer(), True)
+    for tokens in ([], [1], [1, 2], [1, 2, 3], [3, 3], [3, 3, 1, 1]):
+        ahead.prefetch(tokens)
+        assert np.array_equal(ahead.scores(tokens), inline.scores(tokens))
+    assert ahead.scorer.texts == inline.scorer.texts  # each prefix scored once, in order
+    assert set(ahead.scorer.threads) == {"dragon-relevance_0"}
+    inline.prefetch([5, 5])  # without background scoring, prefetch does nothing
+    assert inline.scorer.texts[-1] == "q\nxxxxxxxx"
+
+
 def test_side_law_is_the_relevance_weighted_mixture():
     logits = torch.tensor([[2.0, 0.0, 0.0], [0.0, 0.0, 2.0]])
     scores = np.array([1.0, 0.0], dtype=np.float32)
