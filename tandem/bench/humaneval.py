@@ -170,7 +170,7 @@ def _generate_all(chosen, modes, config, machines, rtt_ms, rate_mbit, device_mod
         try:
             host, port = "127.0.0.1", 0
             if networked:  # the proxy (unpinned), then the cloud (pinned)
-                cloud = _Cloud(cloud_model, machines.cpus, rtt_ms, rate_mbit, Path(tmp))
+                cloud = NetCloud(cloud_model, machines.cpus, rtt_ms, rate_mbit, Path(tmp))
                 host, port = parse_hostport(cloud.status.connect)
             cpus.pin(machines.cpus["device"])  # this thread; those started later inherit it
             lm = load_model(device_model, progress=False)
@@ -196,10 +196,11 @@ def _generate_all(chosen, modes, config, machines, rtt_ms, rate_mbit, device_mod
     return lm, runs
 
 
-class _Cloud:
+class NetCloud:
     """`tandem cloud serve` on the cloud side of a loopback `tandem net` of its own."""
 
-    def __init__(self, model: str, cores: dict, rtt_ms: float, rate_mbit: float, tmp: Path):
+    def __init__(self, model: str, cores: dict, rtt_ms: float, rate_mbit: float, tmp: Path,
+                 modes: tuple[str, ...] = ("spec", "ar"), extra: tuple[str, ...] = ()):  # fmt: skip
         from tandem.bench.spec_net import SECRET, tandem_argv
         from tandem.testbed.netns import NetConfig, net_up, side_argv
 
@@ -210,10 +211,11 @@ class _Cloud:
             service_port=_free_port(), proxy_port=_free_port(),
         ))  # fmt: skip
         argv = tandem_argv("cloud", "serve", "--threads", str(len(cores["cloud"])))
-        argv += ["--model", model, "--listen", self.status.service, "--secret", SECRET]
+        argv += ["--model", model, "--listen", self.status.service, "--secret", SECRET, *extra]
+        argv += [arg for mode in modes for arg in ("--mode", mode)]
         with self.log.open("ab") as sink:
             self.process = subprocess.Popen(
-                side_argv(self.status, "cloud", [*argv, "--mode", "spec", "--mode", "ar"]),
+                side_argv(self.status, "cloud", argv),
                 stdin=subprocess.DEVNULL, stdout=sink, stderr=sink,
             )  # fmt: skip
         self.pid = self.process.pid
@@ -253,7 +255,7 @@ def _free_port() -> int:
 class _Generator:
     """One generation of a mode with the device runtime; returns its SpecReport."""
 
-    def __init__(self, lm, host: str, port: int, transport, cloud: _Cloud | None) -> None:
+    def __init__(self, lm, host: str, port: int, transport, cloud: NetCloud | None) -> None:
         self.lm, self.host, self.port, self.transport = lm, host, port, transport
         self.cloud = cloud
 

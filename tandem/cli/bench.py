@@ -258,12 +258,14 @@ def _register_subcommands() -> None:
     from tandem.cli import bench_dragon
     from tandem.cli.bench_dragon_quality import perplexity, scheduling
     from tandem.cli.bench_humaneval import humaneval
+    from tandem.cli.bench_private import private_spec
     from tandem.cli.bench_serve import serve_load
     from tandem.cli.bench_spec_paper import spec_paper
 
     app.command("serve")(serve_load)
     app.command("humaneval")(humaneval)
     app.command("spec-paper")(spec_paper)
+    app.command("private-spec")(private_spec)
     bench_dragon.app.command("perplexity")(perplexity)
     bench_dragon.app.command("scheduling")(scheduling)
     app.add_typer(bench_dragon.app, name="dragon", help="DRAGON: Figs. 5-8 and Theorem 6.2.")

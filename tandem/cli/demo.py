@@ -1,8 +1,10 @@
-"""`tandem demo`: DRAGON on loopback, a cloud and a device process, streaming an answer.
+"""`tandem demo`: DRAGON (or `--mode private-spec`) on loopback, a cloud and a device process,
+streaming an answer.
 
 The cloud retrieves from the Python standard library's docstrings, the device from a private
 folder of notes; the answer needs both. Afterwards: per-token latency, acceptance rates,
-aggregator switches and bytes on the wire.
+aggregator switches and bytes on the wire. `--mode private-spec`: the device's 0.5B drafts
+with the private notes, the cloud's 1.5B verifies with the public docs (docs/private-spec.md).
 """
 
 from __future__ import annotations
@@ -15,6 +17,12 @@ import typer
 
 
 def demo(
+    mode: str = typer.Option(
+        "dragon", "--mode", help="dragon (same model both sides) or private-spec (0.5B + 1.5B)."
+    ),
+    eta: float = typer.Option(
+        None, "--eta", min=0.0, help="private-spec: pull of the private draft on the cloud [10]."
+    ),
     question: str = typer.Option(
         None, "--question", "-q", help="What to ask (default: a question needing both corpora)."
     ),
@@ -42,6 +50,14 @@ def demo(
 ) -> None:
     """Run DRAGON with the real model on both sides of a loopback link and explain what happened."""
     from rich.console import Console
+
+    from tandem.errors import TandemError
+
+    if mode == "private-spec":
+        return _private_spec_demo(question, eta, max_new_tokens, temperature, seed, docs,
+                                  private, delay_ms, json_out)  # fmt: skip
+    if mode != "dragon":
+        raise TandemError(f"unknown demo mode {mode!r}; choose dragon or private-spec")
 
     from tandem.protocols.dragon import DragonConfig
     from tandem.serve.dragon_demo import DEFAULT_QUESTION, run_demo
@@ -191,3 +207,53 @@ def run_dragon_device(
                 console.print(line, highlight=False)
     if json_out is not None:
         json_out.write_text(json.dumps(report.summary(), indent=2) + "\n")
+
+
+def _private_spec_demo(question, eta, max_new_tokens, temperature, seed, docs, private, delay_ms,
+                       json_out) -> None:  # fmt: skip
+    from rich.console import Console
+
+    from tandem.protocols.private_spec import private_config
+    from tandem.protocols.spec.stats import summary_table
+    from tandem.serve.dragon_demo import DEFAULT_QUESTION, default_private_corpus
+    from tandem.serve.private_demo import run_private_demo
+
+    console = Console(stderr=True)
+    config = private_config(
+        max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
+        **({} if eta is None else {"eta": eta}),
+    )  # fmt: skip
+    question = question or DEFAULT_QUESTION
+    console.print(f"[bold]question[/bold]: {question}")
+    shown: list[int] = []
+    printed = ""
+    tokenizer = None
+
+    def show(token: int) -> None:
+        nonlocal printed, tokenizer
+        if tokenizer is None:
+            from tandem.models.registry import load_tokenizer
+
+            tokenizer = load_tokenizer("qwen2.5-coder-0.5b")
+        shown.append(token)
+        text = tokenizer.decode(shown)
+        if not text.endswith("\ufffd"):
+            sys.stdout.write(text[len(printed) :])
+            sys.stdout.flush()
+            printed = text
+
+    report = run_private_demo(
+        question=question, config=config, private_corpus=private or default_private_corpus(),
+        docs=docs, delay_ms=delay_ms, on_token=show,
+        on_status=lambda text: console.print(f"[dim]{text}[/dim]"),
+    )  # fmt: skip
+    print()
+    Console().print(summary_table(report))
+    Console().print(
+        f"private chunks (stayed on the device): {', '.join(report.docs) or 'none'}\n"
+        f"public chunks (the cloud's): {', '.join(report.cloud.get('public_docs', [])) or '?'}\n"
+        f"uplink payload: {report.payload_bits / max(1, report.drafts_sent):.0f} bits per draft"
+    )
+    if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(report.to_json(), indent=2) + "\n")

@@ -122,6 +122,8 @@ def run(
     modes = (*DEVICE_MODES, "dragon", "private-spec")
     if mode not in modes:
         raise TandemError(f"unknown mode {mode!r}; choose one of {', '.join(modes)}")
+    if mode == "private-spec" and not corpus:
+        raise TandemError("--mode private-spec needs --corpus (the device's private corpus)")
     config = SpecConfig(  # checks the flags before the model loads
         pipeline=pipeline, codec=codec or "dense", codec_params=parse_params(codec_param),
         draft_len=draft_len, bit_budget=bit_budget, downlink_k=downlink_k,

@@ -52,7 +52,7 @@ from tandem.transport import ChannelClosed, LinkConfig, TransportError, memory_p
 
 MODE = "private-spec"
 DOCS = 2  # chunks retrieved per side
-ETA = 4.0  # knowledge-transfer strength (RAPID uses 5-20 at temperature 0.1; see docs)
+ETA = 10.0  # knowledge-transfer strength (RAPID's default; the paper uses 5-20)
 CODEC = ("k-sqs", {"k": 3, "ell": 100})  # 64 bits per draft token (docs/spec.md)
 TEMPLATE = (
     "<Context>\n{context}\n</Context>\n\n{question}\n"
