@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from tandem.models.base import Cancelled
+from tandem.models.base import CancelEvent, Cancelled
 from tandem.protocols.dragon.decoder import DocDecoder, SideLaw
 from tandem.protocols.dragon.queues import Draft
 
@@ -50,7 +50,9 @@ class DraftWorker:
         self.lookahead = lookahead
         self.eos_id = eos_id
         self._cond = threading.Condition()
-        self.cancel = threading.Event()
+        # a CancelEvent, not a plain Event: llama.cpp then checks a flag between graph nodes
+        # instead of calling back into Python (and taking the GIL) at every node
+        self.cancel = CancelEvent()
         self.base: list[int] = []
         self.pending: list[int] = []
         self.epoch = 0
