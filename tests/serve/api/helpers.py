@@ -33,7 +33,7 @@ class CloudThread:
         resources = CloudResources(lm=self.lm)
         if self.dragon is not None:
             resources.extra["dragon"] = self.dragon
-        cloud = CloudServer(resources, modes=["spec", "ar", "dragon"])
+        cloud = CloudServer(resources, modes=["spec", "ar", "dragon", "private-spec"])
         transport = cloud_transport(self.lm, secret=SECRET, link=self.link)
         return await cloud.start("127.0.0.1", port, transport=transport)
 
