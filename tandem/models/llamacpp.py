@@ -304,12 +304,26 @@ class LlamaCppLM:
         ids: torch.Tensor | list[list[int]] | list[int],
         cancel: threading.Event | None = None,
     ) -> torch.Tensor:
+        return self._append(state, ids, cancel, last_only=False)
+
+    def extend(
+        self,
+        state: State,
+        ids: torch.Tensor | list[list[int]] | list[int],
+        cancel: threading.Event | None = None,
+    ) -> torch.Tensor:  # [batch, vocab]
+        """`decode` that computes each row's last logits only (a prompt continued after stored
+        KV, e.g. DRAGON's question after its documents): no vocab projection for the other
+        positions. `state.recent_logits` is left None (a crop inside this block drops logits)."""
+        return self._append(state, ids, cancel, last_only=True)
+
+    def _append(self, state: State, ids, cancel, *, last_only: bool) -> torch.Tensor:
         new = as_new_ids(ids, state.batch)  # [batch, n]
         n = new.shape[1]
         seqs, lengths = state.cache.seqs, state.lengths
         rows = new.tolist()
         items = [
-            (tok, length + j, seq, True)
+            (tok, length + j, seq, not last_only or j == n - 1)
             for seq, length, row in zip(seqs, lengths, rows, strict=True)
             for j, tok in enumerate(row)
         ]
@@ -319,8 +333,12 @@ class LlamaCppLM:
             except BaseException:
                 self._cut(seqs, lengths)
                 raise
-        logits = torch.from_numpy(flat).view(state.batch, n, self.vocab_size)
         state.ids = torch.cat([state.ids, new], dim=1)
+        if last_only:
+            state.logits = torch.from_numpy(flat)  # [batch, vocab]
+            state.recent_logits = None
+            return state.logits
+        logits = torch.from_numpy(flat).view(state.batch, n, self.vocab_size)
         state.logits = logits[:, -1]
         state.recent_logits = logits
         return logits

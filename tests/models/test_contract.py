@@ -253,6 +253,26 @@ def test_llamacpp_rows_are_freed_with_their_states(real_lm):
 
 
 @pytest.mark.slow
+def test_llamacpp_extend_keeps_only_the_last_logits_of_a_decode(real_lm):
+    """`extend` = `decode` without the vocab projection of all but each row's last position:
+    the same state afterwards, last logits within the batch-shape tolerance (NUMERICS)."""
+    from tandem.models.llamacpp import BATCH_SHAPE_ERROR
+
+    lm = real_lm
+    ids = [_prompt(lm), _prompt(lm, "import os\nprint(")]
+    suffix = [_prompt(lm, " the sum of a and b")] * 2
+    full, last = lm.prefill(ids), lm.prefill(ids)
+    expected = lm.decode(full, suffix)[:, -1]  # [2, vocab]
+    got = lm.extend(last, suffix)
+    assert got.shape == (2, lm.vocab_size) and last.recent_logits is None
+    assert torch.equal(last.ids, full.ids) and last.lengths == full.lengths
+    assert (got - expected).abs().max() <= BATCH_SHAPE_ERROR
+    assert torch.equal(got.argmax(-1), expected.argmax(-1))
+    after, reference = lm.decode(last, [[7], [7]])[:, -1], lm.decode(full, [[7], [7]])[:, -1]
+    assert (after - reference).abs().max() <= BATCH_SHAPE_ERROR  # the KV cache is the same
+
+
+@pytest.mark.slow
 def test_llamacpp_evict_matches_the_transformers_streaming_cache(real_lm, real_hf_lm):
     """evict() drops positions and shifts the later ones down (StreamingLLM's cache, RoPE
     re-rotated by llama.cpp); the transformers reference is compress_cache(), which re-rotates

@@ -195,7 +195,10 @@ class DocDecoder:
             self.state = self.lm.stack(states) if len(states) > 1 else states[0]
             start = self._clock("kv_load", start)
             self.relevance.prefetch([])  # the first law's scores, alongside the question's decode
-            self.lm.decode(self.state, self.suffix)  # the question on all k rows at once
+            # the question on all k rows in one call; only the last position's logits are
+            # needed (llama.cpp: `extend` skips the vocab projection of the others)
+            extend = getattr(self.lm, "extend", self.lm.decode)
+            extend(self.state, [self.suffix] * self.num_rows)
         else:
             self.relevance.prefetch([])
             self.state = self.lm.prefill([prefix + self.suffix for prefix in self.prefixes])
