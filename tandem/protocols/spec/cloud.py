@@ -158,7 +158,11 @@ class CloudSession:
                 if admission.verify is None:
                     continue
                 verifier.cancel.clear()
-                result = await self._run_verify(admission.verify)
+                try:
+                    result = await self._run_verify(admission.verify)
+                except Cancelled:  # only the channel's end cancels a verification here
+                    self.stats["cancelled_verifications"] += 1
+                    break
                 verifier.note_pass(len(admission.verify.drafts), result.verify_s)
                 self._record(admission.verify, result)
                 committed = tuple(verifier.committed[result.position :])

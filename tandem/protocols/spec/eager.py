@@ -137,6 +137,8 @@ class EagerVerifier(Verifier):
             return Admission(verify=None, skipped=0, stale=True)
         if request.epoch > self.chain_epoch:
             self.chain_epoch, self.chain_dead = request.epoch, False
+        if self.done:
+            return Admission(verify=None, skipped=0, stale=False)
         if request.position > self.frontier:
             raise TandemError(
                 f"spec: eager request at position {request.position} beyond the cloud's "
@@ -154,7 +156,7 @@ class EagerVerifier(Verifier):
             skip += 1
         self.skipped += skip
         rest = request.drafts[skip:]
-        if not rest or self.done:
+        if not rest:
             return Admission(verify=None, skipped=skip, stale=False)
         plan = replace(
             request,
