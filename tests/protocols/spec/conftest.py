@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import pytest
 
+from protocols.dragon.conftest import corpora  # noqa: F401 (two corpora; see baselines/)
+
 PROMPT = "def add(a, b):"
 
 

@@ -18,6 +18,7 @@ import asyncio
 import pytest
 import torch
 
+from protocols.dragon.conftest import QUESTION  # the `corpora` fixture: ./conftest.py
 from tandem.codecs import make_codec
 from tandem.config import SamplingConfig
 from tandem.errors import TandemError
@@ -161,28 +162,6 @@ def test_separate_rejection_cannot_carry_eta():
         SpecConfig(codec="separate", eta=1.0)
     with pytest.raises(TandemError, match="eta"):
         SpecConfig(eta=-1.0)
-
-
-DEVICE_TEXTS = [
-    "Our retry policy: base delay 0.5 s, factor 2, cap 20 s, at most 5 attempts.",
-    "Buoys report salinity and water temperature every minute over LTE.",
-    "Deploy tidepool with systemd on the harbour box; logs go to journald.",
-]
-CLOUD_TEXTS = [
-    "asyncio.sleep(delay) suspends the current task for delay seconds.",
-    "random.uniform(a, b) returns a random float N such that a <= N <= b.",
-    "time.monotonic() returns the value of a monotonic clock in seconds.",
-]
-QUESTION = "write a retry function with asyncio sleep and jitter"
-
-
-@pytest.fixture(scope="module")
-def corpora():
-    from tandem.protocols.dragon import Knowledge
-    from tandem.retrieval.embedder import HashingEmbedder
-
-    embedder = HashingEmbedder(64)
-    return Knowledge.from_texts(DEVICE_TEXTS, embedder), Knowledge.from_texts(CLOUD_TEXTS, embedder)
 
 
 class Recording:
