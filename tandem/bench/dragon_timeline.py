@@ -5,14 +5,15 @@ split into waiting for this side's own draft / for the peer / the rest (resolve)
 busy time per phase (decode of the k rows, relevance, mixture, codec, wire, Algorithm 1,
 scheduler, send, decoder idle, outbox wait), both in ms per output token after the first.
 A run records the device's timeline and, since the bench sets `DragonConfig.timeline`, the
-cloud's (`summary.peer_timeline`).
+cloud's (`summary.peer_timeline`). `cpu`: the decoder thread's CPU time in the k-row decode
+(per token) and the prefill, which the machine's other load hardly changes.
 """
 
 from __future__ import annotations
 
 import statistics
 
-from tandem.protocols.dragon.profiler import CRITICAL, PHASES
+from tandem.protocols.dragon.profiler import CRITICAL, PHASES, STARTUP
 
 SIDE_KEYS = {"device": "timeline", "cloud": "peer_timeline"}
 
@@ -33,11 +34,20 @@ def timeline_rows(runs: list[dict], delays) -> list[dict]:
                 p: statistics.fmean(t["critical_ms_per_token"][p] for t in found) for p in CRITICAL
             }
             work = {p: statistics.fmean(t["work_ms_per_token"][p] for t in found) for p in PHASES}
+            cpu = {
+                "decode_ms_per_token": statistics.fmean(
+                    t["cpu_ms_per_token"]["decode"] for t in found
+                ),
+                "prefill_ms": statistics.fmean(t["startup_cpu_ms"]["prefill"] for t in found),
+            }
             rows.append(
                 {
                     "delay_ms": delay, "side": side, "runs": len(found), "mean_gap_ms": gap,
                     "ttft_ms": statistics.fmean(t["ttft_ms"]["gap_ms"] for t in found),
-                    "critical_ms_per_token": critical, "work_ms_per_token": work,
+                    "critical_ms_per_token": critical, "work_ms_per_token": work, "cpu": cpu,
+                    "startup_ms": {
+                        p: statistics.fmean(t["startup_ms"][p] for t in found) for p in STARTUP
+                    },
                     "critical_share": {p: v / gap for p, v in critical.items()} if gap else {},
                     "work_share": {p: v / gap for p, v in work.items()} if gap else {},
                 }

@@ -194,15 +194,17 @@ class DocDecoder:
                 states.append(state)
             self.state = self.lm.stack(states) if len(states) > 1 else states[0]
             start = self._clock("kv_load", start)
+            cpu = time.thread_time()
             self.relevance.prefetch([])  # the first law's scores, alongside the question's decode
             # the question on all k rows in one call; only the last position's logits are
             # needed (llama.cpp: `extend` skips the vocab projection of the others)
             extend = getattr(self.lm, "extend", self.lm.decode)
             extend(self.state, [self.suffix] * self.num_rows)
         else:
+            cpu = time.thread_time()
             self.relevance.prefetch([])
             self.state = self.lm.prefill([prefix + self.suffix for prefix in self.prefixes])
-        self._clock("prefill", start)
+        self._clock("prefill", start, cpu)
         self.prompt_len = self.state.seq_len
         self.prompt_logits = self.state.logits.clone()
         self.tokens = []
@@ -226,17 +228,22 @@ class DocDecoder:
         todo = tokens[len(self.tokens) :]
         if todo:
             self.relevance.prefetch(tokens)  # scored while the rows decode (it needs no logits)
-            began = time.perf_counter()
+            began, cpu = time.perf_counter(), time.thread_time()
             try:  # all k rows in one forward pass (one llama_decode / one HF call)
                 self.lm.decode(self.state, [todo] * self.num_rows, cancel=cancel)
             finally:  # a cancelled decode's time was spent too
-                self._clock("decode", began)
+                self._clock("decode", began, cpu)
             self.tokens = self.tokens + list(todo)
             self.decode_calls += 1
         return len(todo)
 
-    def _clock(self, phase: str, began: float) -> float:
-        return self.clock.since(phase, began) if self.clock is not None else time.perf_counter()
+    def _clock(self, phase: str, began: float, cpu: float | None = None) -> float:
+        """Wall time since `began` (and this thread's CPU time since `cpu`) to `phase`."""
+        if self.clock is None:
+            return time.perf_counter()
+        if cpu is not None:  # one engine thread computes in the caller's thread: load-proof
+            self.clock.add(phase, time.thread_time() - cpu, cpu=True)
+        return self.clock.since(phase, began)
 
     def _crop(self, keep: int) -> None:
         self.lm.crop(self.state, self.prompt_len + keep)

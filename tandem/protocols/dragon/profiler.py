@@ -205,14 +205,17 @@ class Timeline:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.totals: dict[str, float] = defaultdict(float)  # phase -> seconds
+        self.cpu: dict[str, float] = defaultdict(float)  # phase -> thread CPU seconds
         self.own: dict[int, float] = {}  # position -> perf_counter when our draft was queued
         self.peer: dict[int, float] = {}  # position -> the peer's draft or target arrived
         self.commit: dict[int, float] = {}  # position -> resolved here
         self.started = time.perf_counter()
 
-    def add(self, phase: str, seconds: float) -> None:
+    def add(self, phase: str, seconds: float, *, cpu: bool = False) -> None:
+        """`cpu`: thread CPU seconds (decode, prefill), which other machines' load on the same
+        core hardly changes, unlike wall time."""
         with self._lock:
-            self.totals[phase] += seconds
+            (self.cpu if cpu else self.totals)[phase] += seconds
 
     def since(self, phase: str, began: float) -> float:
         """Add the time since `began` to `phase`; returns now (to chain phases)."""
@@ -245,10 +248,10 @@ class Timeline:
     def summary(self) -> dict:
         """JSON: mean ms per output token of every phase and its share of the mean gap between
         target tokens (the first token, TTFT, is split apart and left out of the means)."""
-        return summarize(dict(self.totals), self.critical())
+        return summarize(dict(self.totals), self.critical(), dict(self.cpu))
 
 
-def summarize(totals: dict[str, float], critical: list[dict]) -> dict:
+def summarize(totals: dict[str, float], critical: list[dict], cpu: dict | None = None) -> dict:
     tokens = len(critical)
     later = critical[1:]
     gap = float(np.mean([r["gap_ms"] for r in later])) if later else 0.0
@@ -266,5 +269,7 @@ def summarize(totals: dict[str, float], critical: list[dict]) -> dict:
         "critical_ms_per_token": path,
         "critical_share": {p: (v / gap if gap else None) for p, v in path.items()},
         "startup_ms": {phase: 1e3 * totals.get(phase, 0.0) for phase in STARTUP},
+        "cpu_ms_per_token": {"decode": 1e3 * (cpu or {}).get("decode", 0.0) / max(tokens, 1)},
+        "startup_cpu_ms": {"prefill": 1e3 * (cpu or {}).get("prefill", 0.0)},
         "per_token": critical,
     }

@@ -42,5 +42,5 @@ def test_timeline_lines_show_ms_and_shares():
     lines = timeline_lines(summarize({"decode": 0.15}, rows), "device")
     assert lines[0].startswith("device: 3 tokens, 100.0 ms/token") and "TTFT 900 ms" in lines[0]
     assert "own 70.0 (70%)" in lines[1] and "peer 30.0 (30%)" in lines[1]
-    assert "decode 50.0 (50%)" in lines[2]
+    assert "decode 50.0 (50%)" in lines[2] and lines[3].startswith("  cpu          decode 0.0")
     assert timeline_lines(None, "cloud") == ["cloud: no timeline"]

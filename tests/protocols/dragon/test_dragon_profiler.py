@@ -117,6 +117,7 @@ def test_live_session_reports_both_timelines(tiny_lm, tiny_lm_b, corpora):
     for side in (device.timeline, device.peer_timeline, cloud.timeline):
         assert side["tokens"] == 6
         assert side["work_ms_per_token"]["decode"] > 0 and side["work_ms_per_token"]["codec"] > 0
+        assert side["cpu_ms_per_token"]["decode"] > 0 and side["startup_cpu_ms"]["prefill"] > 0
         for row in side["per_token"]:
             parts = row["own_ms"] + row["peer_ms"] + row["resolve_ms"]
             assert parts == pytest.approx(row["gap_ms"])
