@@ -63,6 +63,7 @@ ALLOWED_NETWORKS = (
     LINK_SUBNET,
 )
 READ_BYTES = 65536
+DRAIN_GRACE_S = 0.5  # after a direction fails: the other may still flush this long
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -355,8 +356,15 @@ class DelayProxy:
         self._pipes |= {up, down}
         pipes = [asyncio.create_task(up.run()), asyncio.create_task(down.run())]
         try:
-            # A failed write (peer gone) ends the connection; a clean EOF only half-closes.
-            await asyncio.wait(pipes, return_when=asyncio.FIRST_EXCEPTION)
+            # A clean EOF only half-closes. A failed write (that peer is gone) ends the
+            # connection, but only once the other direction has delivered what it holds: the
+            # bytes were already on the wire, as on a real link (a cloud that closes while the
+            # device still sends must not take its last, delayed replies with it).
+            _, pending = await asyncio.wait(pipes, return_when=asyncio.FIRST_EXCEPTION)
+            if pending:
+                held_until = max(up.last_release, down.last_release)
+                grace = max(0.0, held_until - asyncio.get_running_loop().time()) + DRAIN_GRACE_S
+                await asyncio.wait(pending, timeout=grace)
         finally:
             for task in pipes:
                 task.cancel()

@@ -254,3 +254,33 @@ def test_an_upstream_that_never_reads_holds_the_proxy_at_its_buffer_bound():
     held, blocked = asyncio.run(go())
     assert limit <= held <= limit + proxy_module.READ_BYTES
     assert blocked
+
+
+def test_replies_on_the_wire_arrive_although_the_upstream_hung_up_on_later_writes():
+    """The upstream answers and closes at once; the client keeps writing. Its later writes
+    fail at the proxy (the upstream is gone) while the answer is still held by the delay:
+    the answer must arrive all the same, then the connection ends (as on a real link)."""
+    answer = bytes(range(256)) * 8
+
+    async def go():
+        async def answer_and_hang_up(reader, writer):
+            await reader.read(1)
+            writer.write(answer)
+            await writer.drain()
+            writer.transport.abort()  # unread client bytes are left: the kernel resets
+
+        server = await asyncio.start_server(answer_and_hang_up, "127.0.0.1", 0)
+        upstream_port = server.sockets[0].getsockname()[1]
+        async with DelayProxy(ProxyConfig(upstream_port=upstream_port, delay_ms=100)) as proxy:
+            reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+            writer.write(b"?")
+            for _ in range(12):  # reach the upstream after it hung up, before the answer is back
+                await asyncio.sleep(0.01)
+                writer.write(b"more")
+            received = await asyncio.wait_for(reader.read(), 3.0)  # to EOF
+            writer.close()
+        server.close()
+        await server.wait_closed()
+        return received
+
+    assert asyncio.run(go()) == answer
