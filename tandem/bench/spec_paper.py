@@ -2,7 +2,7 @@
 EMULATED, driven by the acceptance measured on HumanEval (issue 15, item 3, emulated part).
 
 Words used here:
-- *emulated*: both models are `SleepLM`s (tandem.bench.spec_emulated): forward passes sleep
+- *emulated*: both models are `SleepLM`s (tandem.models.emulated): forward passes sleep
   for the calibrated times below, logits are a deterministic hash of the context. Nothing
   here measures a real model; every table and the JSON say "emulated".
 - *calibration* (PicoSpec Tables 1-2, Jetson-class edge + A100 cloud): a draft step 24 ms
@@ -45,7 +45,7 @@ from rich.table import Table
 
 from tandem.bench.report import Machines, new_figure, save_json, save_png
 from tandem.bench.spec import PROMPTS
-from tandem.bench.spec_emulated import SleepLM
+from tandem.models.emulated import SleepLM
 from tandem.protocols.spec import SpecConfig, run_pair
 from tandem.protocols.spec.planner import Controller, Costs, throughput
 from tandem.transport import LinkConfig, memory_pair

@@ -22,7 +22,7 @@ import itertools
 import pytest
 import torch
 
-from tandem.bench.spec_emulated import SleepLM
+from tandem.models.emulated import SleepLM
 from tandem.protocols.spec import SpecConfig, run_pair
 from tandem.sampling.warp import warp
 from tandem.transport import LinkConfig

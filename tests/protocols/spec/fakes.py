@@ -1,7 +1,7 @@
 """A fake CausalLM for fast protocol tests: logits are a fixed function of the context.
 
-`TableLM(vocab, salt)` is the benchmark's context-hashed `SleepLM`
-(tandem.bench.spec_emulated) with test-friendly timing: every context gets a deterministic
+`TableLM(vocab, salt)` is the emulated-compute `SleepLM`
+(tandem.models.emulated) with test-friendly timing: every context gets a deterministic
 logit row seeded by (salt, context); `correlate_with` mixes another table's logits in, so a
 draft/target pair agrees often but not always. `step_delay_s` makes each forward pass take
 that long per token (plus `slow_positions` stalls), sleeping in small slices and checking the
@@ -14,8 +14,8 @@ from __future__ import annotations
 import threading
 import time
 
-from tandem.bench.spec_emulated import SleepLM
 from tandem.models.base import Cancelled
+from tandem.models.emulated import SleepLM
 
 
 class TableLM(SleepLM):
