@@ -59,6 +59,9 @@ MODES: dict[str, tuple[str, dict]] = {
     "sqs-async": ("spec", {"pipeline": "async", "codec": "k-sqs", "codec_params": {"k": 3}}),
     # the cloud never idles (tandem.protocols.spec.eager), K-SQS K=3 uplink
     "spec-eager": ("spec", {"pipeline": "eager", "codec": "k-sqs", "codec_params": {"k": 3}}),
+    # eager with the adaptive controller (planner.Controller): each round it picks the draft
+    # length, or no drafting (the cloud's AR stream alone); one controller for the whole run
+    "spec-adaptive": ("spec", {"pipeline": "eager", "codec": "k-sqs", "codec_params": {"k": 3}}),
 }
 WARMUP_TOKENS = 8
 CLOUD_START_S = 300.0  # the cloud loads its model before it listens
@@ -177,7 +180,7 @@ def _generate_all(chosen, modes, config, machines, rtt_ms, rate_mbit, device_mod
             transport = device_transport(lm, secret=SECRET)
             if cloud is not None:
                 cloud.wait_ready(host, port, transport)
-            generate = _Generator(lm, host, port, transport, cloud)
+            generate = _Generator(lm, host, port, transport, cloud, rtt_ms)
             warm = type(config)(**{**config.to_json(), "max_new_tokens": WARMUP_TOKENS})
             for mode in modes:
                 generate(mode, chosen[0]["prompt"], warm)  # discarded
@@ -185,6 +188,10 @@ def _generate_all(chosen, modes, config, machines, rtt_ms, rate_mbit, device_mod
                 for mode in modes:
                     report = generate(mode, problem["prompt"], config)
                     runs.append(_record(problem, mode, report))
+                    if mode == "spec-adaptive":  # what the controller would pick next
+                        plan = generate.controller.plan(("ar", "eager"))
+                        runs[-1]["plan_after"] = {"method": plan.method, "gamma": plan.gamma,
+                                                  "alpha": generate.controller.alpha_estimate}  # fmt: skip
                     console.log(f"{problem['task_id']:>13} {mode:>15}: {len(report.tokens)} "
                                 f"tokens, {runs[-1]['tokens_per_s']:.2f} tok/s")  # fmt: skip
             machines.observed["device"] = cpus.machine_state(lm)
@@ -255,9 +262,12 @@ def _free_port() -> int:
 class _Generator:
     """One generation of a mode with the device runtime; returns its SpecReport."""
 
-    def __init__(self, lm, host: str, port: int, transport, cloud: NetCloud | None) -> None:
+    def __init__(self, lm, host: str, port: int, transport, cloud: NetCloud | None,
+                 rtt_ms: float = 0.0) -> None:  # fmt: skip
         self.lm, self.host, self.port, self.transport = lm, host, port, transport
-        self.cloud = cloud
+        self.cloud, self.rtt_ms = cloud, rtt_ms
+        self.tpot_s: dict[str, float] = {}  # last measured step of "ar" and "local"
+        self.controller = None  # spec-adaptive's, made on its first use
 
     def __call__(self, mode: str, prompt: str, config):
         from tandem.serve.device import run_generation
@@ -265,14 +275,33 @@ class _Generator:
         runtime, settings = MODES[mode]
         ids = self.lm.tokenizer.encode(prompt)
         cfg = type(config)(**{**config.to_json(), **settings})
+        controller = self._controller(config) if mode == "spec-adaptive" else None
         try:
-            return asyncio.run(run_generation(
+            report = asyncio.run(run_generation(
                 runtime, lm=self.lm, prompt_ids=ids, config=cfg, host=self.host, port=self.port,
-                transport=self.transport,
+                transport=self.transport, controller=controller,
             ))  # fmt: skip
         except TandemError as exc:
             where = f"; {self.cloud.tail()}" if self.cloud is not None else ""
             raise TandemError(f"humaneval bench: {mode}: {exc}{where}") from None
+        tpot = report.summary()["tpot_ms"]
+        if mode in ("ar", "local") and tpot:
+            self.tpot_s[mode] = tpot / 1e3
+        return report
+
+    def _controller(self, config):
+        """The prior: the draft step = the device-only step, the target's AR step = the cloud AR
+        stream's step (both measured by this run's warm-up when those modes run first, else
+        guesses), a pass over n drafts = 0.4 t_ar + 0.6 t_ar n (CPU: a 5-token block costs 3-6
+        AR steps), the configured RTT, alpha 0.8; it learns all of them as it runs."""
+        from tandem.protocols.spec.planner import Controller, Costs
+
+        if self.controller is None:
+            t_ar = self.tpot_s.get("ar", 0.1)
+            prior = Costs(t_draft=self.tpot_s.get("local", t_ar / 2), decode_base=0.4 * t_ar,
+                          decode_per_token=0.6 * t_ar, rtt=self.rtt_ms / 1e3)  # fmt: skip
+            self.controller = Controller(prior=prior, alpha=0.8)
+        return self.controller
 
 
 def _torch_threads(value: int | None = None) -> int:

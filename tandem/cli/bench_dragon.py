@@ -25,6 +25,12 @@ def latency(
     delays: list[float] = DELAYS,
     tokens: int = typer.Option(0, "--tokens", help="New tokens per run (0: 64, quick 8)."),
     questions: int = typer.Option(0, "--questions", help="How many questions (0: all)."),
+    methods: list[str] = typer.Option(
+        None,
+        "--method",
+        help="Methods (repeat; default all): crcg-device, crcg-cloud, "
+        "drcg-text, drcg-kv, drdg-sw, drdg-tw, dragon.",
+    ),  # fmt: skip
     public: str = PUBLIC,
     private: str = PRIVATE,
     device_cpus: str = DEVICE_CPUS,
@@ -33,11 +39,18 @@ def latency(
 ) -> None:
     """Per-token latency vs network latency (Fig. 6) and Theorem 6.2, device and cloud as
     processes in the emulated network, each on its own cores."""
-    from tandem.bench.dragon_latency import run
+    from tandem.bench.dragon_latency import METHODS, run
+    from tandem.errors import TandemError
 
+    unknown = sorted(set(methods or ()) - set(METHODS))
+    if unknown:
+        raise TandemError(
+            f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHODS)}"
+        )
     run(
         out=out, quick=quick, model=model, delays=tuple(delays or ()) or None, tokens=tokens or None,
         questions=questions or None, public=public, private=private,
+        methods=tuple(m for m in METHODS if m in methods) if methods else METHODS,
         cpus=role_cpus(device_cpus, cloud_cpus),
     )  # fmt: skip
 

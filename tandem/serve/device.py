@@ -18,6 +18,7 @@ from tandem.errors import TandemError
 from tandem.models.base import CausalLM
 from tandem.protocols.spec.config import SpecConfig
 from tandem.protocols.spec.device import OnToken, run_device
+from tandem.protocols.spec.planner import Controller
 from tandem.protocols.spec.stats import SpecReport
 from tandem.transport import TransportConfig, connect
 
@@ -39,8 +40,10 @@ async def run_generation(
     port: int = 7700,
     transport: TransportConfig | None = None,
     on_token: OnToken | None = None,
+    controller: Controller | None = None,
 ) -> SpecReport:
-    """One generation in `mode` (see the module docstring)."""
+    """One generation in `mode` (see the module docstring); `controller`: the eager pipeline's
+    adaptive controller (tandem.protocols.spec.planner), kept by the caller across generations."""
     from tandem.baselines.spec_baselines import run_cloud_ar, run_device_only
 
     if mode not in DEVICE_MODES:
@@ -52,4 +55,6 @@ async def run_generation(
     channel = await connect(host, port, config=transport or device_transport(lm, secret=None))
     if mode == "ar":
         return await run_cloud_ar(channel, lm.tokenizer, prompt_ids, config, on_token=on_token)
-    return await run_device(channel, lm, prompt_ids, config, on_token=on_token)
+    return await run_device(
+        channel, lm, prompt_ids, config, on_token=on_token, controller=controller
+    )
