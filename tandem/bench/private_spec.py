@@ -209,13 +209,9 @@ def _one_rtt(device: _Device, tasks, methods, rtt: float, machines, console) -> 
             load_before = cpus.loadavg()
             for number, task in enumerate(tasks):
                 for method in methods:
-                    try:
-                        tokens, times = device.generate(method, task.question,
-                                                        device.max_new_tokens)  # fmt: skip
-                    except TandemError as exc:
-                        msg = f"{method} at RTT {rtt:g}: {exc}; {cloud.tail()}"
-                        raise TandemError(msg) from None
+                    tokens, times, retried = _generate(device, cloud, method, task, rtt, console)
                     records.append(_record(device, number, task, method, rtt, tokens, times))
+                    records[-1]["retried"] = retried
                     r = records[-1]
                     console.log(f"rtt {rtt:>4g} q{number:<2} {method:>12}: {len(tokens)} tok, "
                                 f"{r['ms_per_token']:.0f} ms/tok, correct={r['correct']}")  # fmt: skip
@@ -225,6 +221,20 @@ def _one_rtt(device: _Device, tasks, methods, rtt: float, machines, console) -> 
         finally:
             cloud.close()
     return records
+
+
+def _generate(device, cloud, method, task, rtt, console):
+    """One generation; a lost connection is retried once (noted in the record), then fatal."""
+    for attempt in (1, 2):
+        try:
+            tokens, times = device.generate(method, task.question, device.max_new_tokens)
+            return tokens, times, attempt > 1
+        except TandemError as exc:
+            msg = f"{method} at RTT {rtt:g}: {exc}; {cloud.tail()}"
+            if attempt == 2:
+                raise TandemError(msg) from None
+            console.log(f"[yellow]retrying once: {msg}")
+    raise AssertionError("unreachable")
 
 
 def _record(device, number, task, method, rtt, tokens, times) -> dict:
@@ -258,8 +268,12 @@ def _aggregate(records: list[dict], methods, rtts) -> list[dict]:
         for rtt in rtts:
             group = [r for r in records if r["method"] == method and r["rtt_ms"] == rtt]
             tokens = sum(r["tokens"] for r in group)
+            timed = [r for r in group if r["tokens"] > 1]  # one token has no inter-token time
             row["by_rtt"][str(rtt)] = {
-                "ms_per_token_mean": statistics.fmean(r["ms_per_token"] for r in group),
+                "ms_per_token_mean": statistics.fmean(r["ms_per_token"] for r in timed),
+                "ms_per_token_pooled": 1e3
+                * sum(r["total_s"] - r["ttft_s"] for r in timed)
+                / sum(r["tokens"] - 1 for r in timed),
                 "ttft_s_mean": statistics.fmean(r["ttft_s"] for r in group),
                 "tokens_per_s": tokens / sum(r["total_s"] for r in group),
                 "tokens": tokens,
