@@ -18,6 +18,7 @@ Fig. 8) can drive `Scheduler` with recorded traces.
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 
@@ -65,14 +66,22 @@ def synchronized_latency(c_dec_device: float, c_dec_cloud: float, rtt: float) ->
 def predicted_speedup(
     c_dec_device: float, c_dec_cloud: float, alpha_cloud: float, rtt: float
 ) -> float:
-    """Theorem 6.2: S = Z~ / Z for aggregation on the device (l = device, r = cloud)."""
+    """Theorem 6.2: S = Z~ / Z for aggregation on the device (l = device, r = cloud).
+
+    The paper's 1 / S forms, multiplied out so that no tiny ratio underflows to a zero
+    denominator: 1 - a / (1 + c_r / rtt) = (c_r + (1 - a) rtt) / (c_r + rtt), and
+    1 - (1 - c_l / (c_r + rtt)) a = ((1 - a)(c_r + rtt) + a c_l) / (c_r + rtt).
+    Infinite when every draft is accepted and the remote side costs nothing."""
+    synchronised = c_dec_cloud + rtt
     if c_dec_device <= c_dec_cloud:
-        inverse = 1 - alpha_cloud / (1 + c_dec_cloud / rtt) if rtt > 0 else 1.0
-    elif c_dec_device <= c_dec_cloud + rtt:
-        inverse = 1 - (1 - c_dec_device / (c_dec_cloud + rtt)) * alpha_cloud
+        if rtt <= 0:
+            return 1.0
+        speculative = c_dec_cloud + (1 - alpha_cloud) * rtt
+    elif c_dec_device <= synchronised:
+        speculative = (1 - alpha_cloud) * synchronised + alpha_cloud * c_dec_device
     else:
-        inverse = 1.0
-    return 1.0 / inverse
+        return 1.0
+    return synchronised / speculative if speculative > 0 else math.inf
 
 
 @dataclass(frozen=True)
