@@ -270,10 +270,12 @@ def _aggregate(records: list[dict], methods, rtts) -> list[dict]:
             tokens = sum(r["tokens"] for r in group)
             timed = [r for r in group if r["tokens"] > 1]  # one token has no inter-token time
             row["by_rtt"][str(rtt)] = {
-                "ms_per_token_mean": statistics.fmean(r["ms_per_token"] for r in timed),
+                "ms_per_token_mean": statistics.fmean(r["ms_per_token"] for r in timed)
+                if timed
+                else float("nan"),
                 "ms_per_token_pooled": 1e3
                 * sum(r["total_s"] - r["ttft_s"] for r in timed)
-                / sum(r["tokens"] - 1 for r in timed),
+                / max(1, sum(r["tokens"] - 1 for r in timed)),
                 "ttft_s_mean": statistics.fmean(r["ttft_s"] for r in group),
                 "tokens_per_s": tokens / sum(r["total_s"] for r in group),
                 "tokens": tokens,

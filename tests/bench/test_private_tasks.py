@@ -51,3 +51,18 @@ def test_an_answer_needs_both_facts():
     assert not score(task, "Start at 0.5 s.").correct
     assert not score(task, "Use asyncio.sleep.").correct
     assert score(task, "USE ASYNCIO.SLEEP").public
+
+
+def test_latency_skips_one_token_answers_and_pools_the_gaps():
+    from tandem.bench.private_spec import _aggregate
+
+    def rec(tokens, ms, total):
+        return {"method": "device-rag", "rtt_ms": 0.0, "tokens": tokens, "ms_per_token": ms,
+                "ttft_s": 1.0, "total_s": total, "correct": False, "private": True,
+                "public": False}  # fmt: skip
+
+    cell = _aggregate([rec(1, float("nan"), 1.0), rec(5, 100.0, 1.4)], ("device-rag",), (0.0,))
+    cell = cell[0]["by_rtt"]["0.0"]
+    assert cell["ms_per_token_mean"] == 100.0  # the one-token answer has no gap (was NaN)
+    assert abs(cell["ms_per_token_pooled"] - 100.0) < 1e-9
+    assert cell["tokens"] == 6
