@@ -47,6 +47,7 @@ from tandem.bench import humaneval_tasks as tasks
 from tandem.bench.report import new_figure, save_json, save_png
 from tandem.errors import TandemError
 
+EAGER = {"pipeline": "eager", "codec": "k-sqs", "codec_params": {"k": 3}}
 # mode -> (device runtime mode, SpecConfig settings)
 MODES: dict[str, tuple[str, dict]] = {
     "ar": ("ar", {}),  # cloud autoregressive, tokens streamed back
@@ -58,10 +59,10 @@ MODES: dict[str, tuple[str, dict]] = {
     "c-sqs": ("spec", {"pipeline": "sync", "codec": "c-sqs"}),
     "sqs-async": ("spec", {"pipeline": "async", "codec": "k-sqs", "codec_params": {"k": 3}}),
     # the cloud never idles (tandem.protocols.spec.eager), K-SQS K=3 uplink
-    "spec-eager": ("spec", {"pipeline": "eager", "codec": "k-sqs", "codec_params": {"k": 3}}),
+    "spec-eager": ("spec", EAGER),
     # eager with the adaptive controller (planner.Controller): each round it picks the draft
     # length, or no drafting (the cloud's AR stream alone); one controller for the whole run
-    "spec-adaptive": ("spec", {"pipeline": "eager", "codec": "k-sqs", "codec_params": {"k": 3}}),
+    "spec-adaptive": ("spec", EAGER),
 }
 WARMUP_TOKENS = 8
 CLOUD_START_S = 300.0  # the cloud loads its model before it listens
@@ -275,7 +276,7 @@ class _Generator:
         runtime, settings = MODES[mode]
         ids = self.lm.tokenizer.encode(prompt)
         cfg = type(config)(**{**config.to_json(), **settings})
-        controller = self._controller(config) if mode == "spec-adaptive" else None
+        controller = self._controller() if mode == "spec-adaptive" else None
         try:
             report = asyncio.run(run_generation(
                 runtime, lm=self.lm, prompt_ids=ids, config=cfg, host=self.host, port=self.port,
@@ -284,12 +285,11 @@ class _Generator:
         except TandemError as exc:
             where = f"; {self.cloud.tail()}" if self.cloud is not None else ""
             raise TandemError(f"humaneval bench: {mode}: {exc}{where}") from None
-        tpot = report.summary()["tpot_ms"]
-        if mode in ("ar", "local") and tpot:
+        if mode in ("ar", "local") and (tpot := report.summary()["tpot_ms"]):
             self.tpot_s[mode] = tpot / 1e3
         return report
 
-    def _controller(self, config):
+    def _controller(self):
         """The prior: the draft step = the device-only step, the target's AR step = the cloud AR
         stream's step (both measured by this run's warm-up when those modes run first, else
         guesses), a pass over n drafts = 0.4 t_ar + 0.6 t_ar n (CPU: a 5-token block costs 3-6

@@ -225,16 +225,17 @@ def _one_rtt(device: _Device, tasks, methods, rtt: float, machines, console) -> 
 
 def _generate(device, cloud, method, task, rtt, console):
     """One generation; a lost connection is retried once (noted in the record), then fatal."""
-    for attempt in (1, 2):
+    retried = False
+    while True:
         try:
             tokens, times = device.generate(method, task.question, device.max_new_tokens)
-            return tokens, times, attempt > 1
+            return tokens, times, retried
         except TandemError as exc:
             msg = f"{method} at RTT {rtt:g}: {exc}; {cloud.tail()}"
-            if attempt == 2:
+            if retried:
                 raise TandemError(msg) from None
             console.log(f"[yellow]retrying once: {msg}")
-    raise AssertionError("unreachable")
+            retried = True
 
 
 def _record(device, number, task, method, rtt, tokens, times) -> dict:
@@ -269,13 +270,14 @@ def _aggregate(records: list[dict], methods, rtts) -> list[dict]:
             group = [r for r in records if r["method"] == method and r["rtt_ms"] == rtt]
             tokens = sum(r["tokens"] for r in group)
             timed = [r for r in group if r["tokens"] > 1]  # one token has no inter-token time
+            gaps = sum(r["tokens"] - 1 for r in timed)
             row["by_rtt"][str(rtt)] = {
                 "ms_per_token_mean": statistics.fmean(r["ms_per_token"] for r in timed)
                 if timed
                 else float("nan"),
-                "ms_per_token_pooled": 1e3
-                * sum(r["total_s"] - r["ttft_s"] for r in timed)
-                / max(1, sum(r["tokens"] - 1 for r in timed)),
+                "ms_per_token_pooled": 1e3 * sum(r["total_s"] - r["ttft_s"] for r in timed) / gaps
+                if gaps
+                else float("nan"),
                 "ttft_s_mean": statistics.fmean(r["ttft_s"] for r in group),
                 "tokens_per_s": tokens / sum(r["total_s"] for r in group),
                 "tokens": tokens,
