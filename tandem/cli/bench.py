@@ -102,7 +102,9 @@ def rapid(
     contexts: list[int] = typer.Option(
         [], "--context", help="Context lengths in tokens (default 1024 2048 4096; quick 1024)."
     ),
-    tasks_per_kind: int = typer.Option(0, "--tasks", help="Tasks per kind (0: 2, quick 1)."),
+    tasks_per_kind: int = typer.Option(
+        0, "--tasks", help="Tasks per kind on each shared context (0: 2, quick 1)."
+    ),
     eta: float = typer.Option(10.0, "--eta", help="eta of the main comparison."),
     gamma: int = typer.Option(5, "--gamma", min=1),
     temperature: float = typer.Option(0.1, "--temperature", min=0.0),
@@ -110,11 +112,28 @@ def rapid(
     sweep_context: int = typer.Option(0, "--sweep-context", help="0: the first context."),
     sweep_tasks: int = typer.Option(-1, "--sweep-tasks", help="-1: 3 (quick 1); 0: no sweep."),
     upward: str = typer.Option("", "--upward", help="Larger drafter model (upward speculation)."),
-    threads: int = typer.Option(1, "--threads", min=1, help="torch threads."),
+    methods: list[str] = typer.Option(
+        [],
+        "--method",
+        help="Methods (repeat; default all): lc, rag, sd, streaming, "
+        "rapid-exact, rapid-paper. lc is always needed.",
+    ),  # fmt: skip
+    backend: str = typer.Option("", "--backend", help="llamacpp (default) or hf."),
+    kv_type: str = typer.Option("f16", "--kv-type", help="llama.cpp KV cache type: f16 or q8_0."),
+    kv_cache: bool = typer.Option(
+        True,
+        "--kv-cache/--no-kv-cache",
+        help="Save each long-context prefill to ~/.cache/tandem/kv/rapid and load it next time.",
+    ),  # fmt: skip
+    cpus: str = typer.Option("", help="Cores of the machine, e.g. 0-1 (default: all)."),
+    threads: int = typer.Option(0, "--threads", min=0, help="Engine threads (0: one per core)."),
+    name: str = typer.Option("", "--name", help="Result file name (default rapid / rapid_upward)."),
     out: Path = OUT,
 ) -> None:
-    """RAPID vs LC, RAG, SD and a StreamingLLM drafter: quality, speedup, acceptance, eta sweep."""
-    from tandem.bench.rapid import run
+    """RAPID vs LC, RAG, SD and a StreamingLLM drafter: quality, speedup, acceptance, eta sweep,
+    the cost model's crossover context."""
+    from tandem.bench.rapid import DEFAULT_KV_CACHE, METHODS, run
+    from tandem.testbed.cpus import parse_cpus
 
     run(
         out=out,
@@ -128,7 +147,13 @@ def rapid(
         sweep_context=sweep_context or None,
         sweep_tasks=None if sweep_tasks < 0 else sweep_tasks,
         upward=upward or None,
-        threads=threads,
+        methods=tuple(methods) or METHODS,
+        backend=backend or None,
+        kv_type=kv_type,
+        kv_cache=DEFAULT_KV_CACHE if kv_cache else None,
+        cpus=parse_cpus(cpus) if cpus else None,
+        threads=threads or None,
+        name=name or None,
     )
 
 
@@ -257,13 +282,14 @@ def _register_subcommands() -> None:
     """Benchmarks that live in their own CLI modules."""
     from tandem.cli import bench_dragon
     from tandem.cli.bench_dragon_quality import perplexity, scheduling
-    from tandem.cli.bench_humaneval import humaneval
+    from tandem.cli.bench_humaneval import humaneval, humaneval_sweep
     from tandem.cli.bench_private import private_spec
     from tandem.cli.bench_serve import serve_load
     from tandem.cli.bench_spec_paper import spec_paper
 
     app.command("serve")(serve_load)
     app.command("humaneval")(humaneval)
+    app.command("humaneval-sweep")(humaneval_sweep)
     app.command("spec-paper")(spec_paper)
     app.command("private-spec")(private_spec)
     bench_dragon.app.command("perplexity")(perplexity)

@@ -45,3 +45,15 @@ def humaneval(
         device_model=device_model, cloud_model=cloud_model, timeout_s=timeout, margins=margins,
         cores=role_cpus(device_cpus, cloud_cpus),
     )  # fmt: skip
+
+
+def humaneval_sweep(
+    files: list[Path] = typer.Argument(..., help="`tandem bench humaneval` result files."),
+    name: str = typer.Option("humaneval_sweep", "--name", help="Result file name."),
+    out: Path = typer.Option(Path("bench/results"), "--out", help="Folder for JSON and PNG."),
+) -> None:
+    """One table over humaneval runs at several RTTs: ratios, adaptive vs the best fixed mode,
+    the extended Eq. 9 prediction vs the measured decode rate."""
+    from tandem.bench.humaneval_sweep import run
+
+    run(files, out=out, name=name)

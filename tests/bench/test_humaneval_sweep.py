@@ -1,0 +1,77 @@
+"""`tandem bench humaneval-sweep`: ratios, adaptive vs the best fixed mode, the Eq. 9 check."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tandem.bench.humaneval_sweep import run, summarize
+from tandem.errors import TandemError
+from tandem.protocols.spec.planner import Costs, throughput
+
+
+def _run(mode, tpot, *, drafted=0, t_draft=0.0, t_verify=0.0, plan=None):
+    row = {"mode": mode, "tpot_ms": tpot, "drafted": drafted, "t_draft_token_ms": t_draft,
+           "t_verify_ms": t_verify}  # fmt: skip
+    if plan:
+        row["plan_after"] = plan
+    return row
+
+
+def payload(rtt: float = 100.0) -> dict:
+    def row(mode, tok_s, acceptance=None):
+        return {"mode": mode, "tokens_per_s": tok_s, "pass_at_1": 0.5,
+                "acceptance_rate": acceptance}  # fmt: skip
+
+    return {
+        "setup": {"rtt_ms": rtt, "draft_len": 4},
+        "table": [
+            row("ar", 7.0),
+            row("local", 14.0),
+            row("spec-async", 6.0, 0.9),
+            row("spec-eager", 6.5, 0.9),
+            row("spec-adaptive", 6.86),
+        ],  # fmt: skip
+        "runs": [
+            _run("ar", 100.0),
+            _run("ar", 100.0),
+            _run("local", 50.0),
+            _run("spec-async", 110.0, drafted=40, t_draft=50.0, t_verify=400.0),
+            _run("spec-eager", 90.0, drafted=40, t_draft=50.0, t_verify=380.0),
+            _run("spec-adaptive", 95.0, plan={"method": "ar", "gamma": 0}),
+        ],  # fmt: skip
+    }
+
+
+def test_summary_ratios_and_the_eq9_prediction():
+    record = summarize(payload())
+    modes = record["modes"]
+    assert modes["ar"]["decode_tok_s"] == pytest.approx(10.0)
+    assert modes["spec-async"]["speedup_vs_cloud_ar"] == pytest.approx(6.0 / 7.0)
+    assert modes["local"]["speedup_vs_device_only"] == pytest.approx(1.0)
+    assert record["best_fixed"] == "ar"
+    assert record["adaptive_vs_best_fixed"] == pytest.approx(0.98)
+    assert record["adaptive_last_plan"] == {"method": "ar", "gamma": 0}
+    costs = Costs.from_points(t_draft=0.05, t_ar=0.1, t_block=0.4, block=4, rtt=0.1)
+    eq9 = record["eq9"]["per_mode"]
+    assert eq9["ar"]["model_error"] == pytest.approx(0.0)
+    expected = throughput("async", 0.9, 4, costs)
+    assert eq9["spec-async"]["predicted_decode_tok_s"] == pytest.approx(expected)
+    assert eq9["spec-async"]["model_error"] == pytest.approx(expected / (1000 / 110) - 1)
+
+
+def test_run_writes_one_table_sorted_by_rtt(tmp_path):
+    paths = []
+    for rtt in (200.0, 0.0):
+        path = tmp_path / f"h{rtt:g}.json"
+        path.write_text(json.dumps(payload(rtt)))
+        paths.append(path)
+    result = run(paths, out=tmp_path, name="sweep")
+    assert [r["rtt_ms"] for r in result["per_rtt"]] == [0.0, 200.0]
+    assert (tmp_path / "sweep.json").is_file()
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(TandemError, match="not a humaneval result"):
+        run([tmp_path / "bad.json"], out=tmp_path)
+    with pytest.raises(TandemError, match="one or more"):
+        run([], out=tmp_path)
