@@ -30,6 +30,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from tandem.bench.report import new_figure, save_json, save_png
+from tandem.errors import TandemError
 
 METHODS = ("lc", "rag", "sd", "streaming", "rapid-exact", "rapid-paper")
 ETAS = (0.0, 5.0, 10.0, 20.0, 30.0, 50.0)
@@ -98,17 +99,31 @@ def _row(method: str, task, result, **extra: Any) -> dict[str, Any]:
     }
 
 
-def _prepare(task, target_lm, drafter_lm, embedder, retrieval):
+def _prepare(task, target_lm, drafter_lm, embedder, retrieval, prefix=None, short_lm=None):
+    """`short_lm`: the target model's instance for short prompts (C^S), if it has its own."""
     from tandem.protocols.rapid.prompts import drafter_prompt, target_prompt
     from tandem.protocols.rapid.retrieval import retrieve
     from tandem.protocols.rapid.states import Prefilled
 
+    short_lm = short_lm or target_lm
     retrieved = retrieve(task.context, task.question, target_lm.tokenizer, embedder, retrieval)
-    target = Prefilled(target_lm, target_prompt(target_lm.tokenizer, task.context, task.question))
+    ids = target_prompt(target_lm.tokenizer, task.context, task.question)
+    target = Prefilled(target_lm, ids, prefix=prefix)
     rag_ids = drafter_prompt(target_lm.tokenizer, retrieved.text, task.question)
-    rag_target = Prefilled(target_lm, rag_ids)
-    drafter = rag_target if drafter_lm is target_lm else Prefilled(drafter_lm, rag_ids)
+    rag_target = Prefilled(short_lm, rag_ids)
+    drafter = rag_target if drafter_lm is short_lm else Prefilled(drafter_lm, rag_ids)
     return retrieved, target, rag_target, drafter
+
+
+def _moved(state, source, dest, folder: Path):
+    """`state` of `source` as a state of `dest` (another instance of the same model), through
+    the backends' KV files."""
+    path = folder / "moved.kv"
+    source.save_state(state, path)
+    try:
+        return dest.load_state(path)
+    finally:
+        path.unlink(missing_ok=True)
 
 
 def _plus(result, seconds: float):
@@ -117,38 +132,63 @@ def _plus(result, seconds: float):
     return result
 
 
-def run_task(task, target_lm, drafter_lm, embedder, retrieval, config, *, window: int, eta: float):
-    """Every method on one task; returns rows and the prepared prompts (for the sweep)."""
+def run_task(
+    task,
+    target_lm,
+    drafter_lm,
+    embedder,
+    retrieval,
+    config,
+    *,
+    window: int,
+    eta: float,
+    prefix=None,
+    methods: tuple[str, ...] = METHODS,
+    short_lm=None,
+):
+    """The `methods` on one task; returns rows and the prepared prompts (for the sweep).
+    `prefix`: the shared long context's prefill (the task's prompt continues it). `short_lm`:
+    the target model's own instance for the short prompts (module doc of `run`)."""
     from tandem.baselines.rapid_baselines import lc, sd, streaming_sd
     from tandem.protocols.rapid.engine import rapid
 
     retrieved, target, rag_target, drafter = _prepare(
-        task, target_lm, drafter_lm, embedder, retrieval
+        task, target_lm, drafter_lm, embedder, retrieval, prefix, short_lm
     )
     needle_hit = any(task.needle in c.text for c in retrieved.chunks)
     common = {
         "retrieved_tokens": retrieved.tokens,
         "retrieve_s": retrieved.retrieve_s,
         "needle_retrieved": needle_hit,
+        "tail_prefill_s": target.tail_s,
     }
     retrieve_s = retrieved.retrieve_s
-    rows = [
-        _row("lc", task, lc(target, config), **common),
-        _row("rag", task, _plus(lc(rag_target, config), retrieve_s), **common),
-        _row("sd", task, _plus(sd(target, drafter, config), retrieve_s), **common),
-    ]
-    if drafter_lm is target_lm:  # MagicDec self-speculation: the drafter views the target's KV
-        long_state = target.copy()
-    else:
-        from tandem.protocols.rapid.states import Prefilled
+    rows = []
+    if "lc" in methods:
+        rows.append(_row("lc", task, lc(target, config), **common))
+    if "rag" in methods:
+        rows.append(_row("rag", task, _plus(lc(rag_target, config), retrieve_s), **common))
+    if "sd" in methods:
+        rows.append(_row("sd", task, _plus(sd(target, drafter, config), retrieve_s), **common))
+    if "streaming" in methods:
+        if drafter_lm is target_lm:  # MagicDec self-speculation: the drafter views the target's KV
+            long_state = target.copy()
+        elif short_lm is not None and drafter_lm is short_lm:  # the same, in the drafter's cache
+            import tempfile
 
-        long_state = Prefilled(drafter_lm, target.ids).copy()
-    streaming = streaming_sd(target, drafter_lm, long_state, config, window=window)
-    rows.append(_row("streaming", task, streaming, **common))
-    del long_state
+            with tempfile.TemporaryDirectory() as folder:  # compressed there, by the drafter
+                long_state = _moved(target.fresh(), target_lm, short_lm, Path(folder))
+        else:
+            from tandem.protocols.rapid.states import Prefilled
+
+            long_state = Prefilled(drafter_lm, target.ids).copy()
+        streaming = streaming_sd(target, drafter_lm, long_state, config, window=window)
+        rows.append(_row("streaming", task, streaming, **common))
+        del long_state
     for mode in ("exact", "paper"):
-        result = rapid(target, drafter, replace(config, mode=mode, eta=eta))
-        rows.append(_row(f"rapid-{mode}", task, _plus(result, retrieve_s), **common, eta=eta))
+        if f"rapid-{mode}" in methods:
+            result = rapid(target, drafter, replace(config, mode=mode, eta=eta))
+            rows.append(_row(f"rapid-{mode}", task, _plus(result, retrieve_s), **common, eta=eta))
     return rows, (retrieved, target, drafter)
 
 
@@ -175,7 +215,7 @@ def sweep_task(task, prepared, unrelated_text, drafter_lm, config, etas, modes):
     return rows
 
 
-LONG_OUTPUT_KINDS = ("quote",)  # tasks whose answers are long enough to time decoding
+LONG_OUTPUT_KINDS = ("quote", "code")  # answers long enough to time decoding
 
 
 def _throughput(members: list[dict]) -> float:
@@ -233,6 +273,127 @@ def _warm_up(lm) -> None:
         lm.decode(state, [token])
 
 
+class MemoEmbedder:
+    """An embedder that remembers: the pieces of a context that every task shares are embedded
+    once (the first task's retrieval time holds it; later tasks embed their question only)."""
+
+    def __init__(self, inner):
+        self.inner, self.known = inner, {}
+        self.name, self.dim = inner.name, inner.dim
+
+    def embed(self, texts: list[str]):
+        import numpy as np
+
+        new = [t for t in dict.fromkeys(texts) if t not in self.known]
+        if new:
+            self.known.update(zip(new, self.inner.embed(new), strict=True))
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        return np.stack([self.known[t] for t in texts])
+
+
+def step_costs(prefilled, *, gamma: int, repeats: int = 5) -> dict[str, float]:
+    """Median milliseconds of one decode step and of one (gamma + 1)-token block on the
+    prefilled prompt (the state is cut back after each): the per-step costs of the cost model."""
+    import time
+
+    lm, tokens = prefilled.lm, prefilled.ids[-(gamma + 1) :]
+    decode, block = [], []
+    for _ in range(repeats):
+        state = prefilled.fresh()
+        t0 = time.perf_counter()
+        lm.decode(state, [tokens[:1]])
+        t1 = time.perf_counter()
+        prefilled.fresh()
+        lm.decode(state, [tokens])
+        t2 = time.perf_counter()
+        decode.append(t1 - t0)
+        block.append(t2 - t1)
+    prefilled.fresh()
+    return {
+        "decode_ms": 1e3 * statistics.median(decode),
+        "block_ms": 1e3 * statistics.median(block),
+        "tokens": len(prefilled.ids),
+    }
+
+
+def tokens_per_round(acceptance: float, gamma: int) -> float:
+    """Expected tokens a round emits when each draft passes with probability `acceptance`
+    independently: 1 + a + ... + a^gamma."""
+    return float(sum(acceptance**i for i in range(gamma + 1)))
+
+
+def cost_model(costs: dict[int, dict], summary: list[dict], *, gamma: int) -> dict[str, Any]:
+    """Predicted speedup of RAPID over LC at each context from the measured per-step costs:
+    LC pays t_lc(L) per token; a RAPID round pays gamma drafter steps t_d (short context) and
+    one block verification t_v(L) and emits E(a) tokens, so speedup = t_lc(L) E(a) /
+    (gamma t_d + t_v(L)). The crossover context solves speedup = 1 with t_lc and t_v fitted
+    linearly in L over the measured contexts and `a` the pooled acceptance; the measured
+    crossover interpolates the measured speedups (linear in L) where they cross 1."""
+    import numpy as np
+
+    exact = {s["context"]: s for s in summary if s["method"] == "rapid-exact"}
+    contexts = sorted(c for c in costs if c in exact and exact[c].get("speedup") is not None)
+    if not contexts:
+        return {}
+    per_context = []
+    for c in contexts:
+        a = exact[c]["acceptance"] or 0.0
+        e = tokens_per_round(a, gamma)
+        t_d, t_v, t_lc = costs[c]["draft_ms"], costs[c]["block_ms"], costs[c]["decode_ms"]
+        predicted = t_lc * e / (gamma * t_d + t_v)
+        per_context.append(
+            {
+                "context": c, "acceptance": a, "tokens_per_round_model": e, "t_lc_ms": t_lc,
+                "t_draft_ms": t_d, "t_verify_ms": t_v, "predicted_speedup": predicted,
+                "measured_speedup": exact[c]["speedup"],
+                "error": predicted / exact[c]["speedup"] - 1.0,
+            }
+        )  # fmt: skip
+    model: dict[str, Any] = {"per_context": per_context, "crossover_predicted": None,
+                             "crossover_measured": None}  # fmt: skip
+    if len(contexts) >= 2:
+        xs = np.array(contexts, dtype=float)
+        c1, c0 = np.polyfit(xs, [costs[c]["decode_ms"] for c in contexts], 1)
+        v1, v0 = np.polyfit(xs, [costs[c]["block_ms"] for c in contexts], 1)
+        drafted = sum(exact[c]["acceptance"] or 0.0 for c in contexts) / len(contexts)
+        e = tokens_per_round(drafted, gamma)
+        t_d = statistics.mean(costs[c]["draft_ms"] for c in contexts)
+        slope = c1 * e - v1
+        model["fit"] = {"t_lc_ms": [c0, c1], "t_verify_ms": [v0, v1], "t_draft_ms": t_d,
+                        "acceptance": drafted}  # fmt: skip
+        if slope > 0:
+            model["crossover_predicted"] = float((gamma * t_d + v0 - c0 * e) / slope)
+        points = [(c, exact[c]["speedup"]) for c in contexts]
+        for (x0, y0), (x1, y1) in zip(points, points[1:], strict=False):
+            if (y0 - 1.0) * (y1 - 1.0) <= 0 and y0 != y1:
+                model["crossover_measured"] = float(x0 + (1.0 - y0) * (x1 - x0) / (y1 - y0))
+                break
+        if model["crossover_measured"] is None:
+            model["crossover_measured_bound"] = (
+                f"< {contexts[0]}" if points[0][1] > 1.0 else f"> {contexts[-1]}"
+            )
+        pred, meas = model["crossover_predicted"], model["crossover_measured"]
+        if pred is not None and meas:
+            model["crossover_error"] = pred / meas - 1.0
+    return model
+
+
+def _common_prefix(rows: list[list[int]]) -> list[int]:
+    first = rows[0]
+    n = len(first)
+    for row in rows[1:]:
+        n = min(n, len(row))
+        for i in range(n):
+            if row[i] != first[i]:
+                n = i
+                break
+    return first[:n]
+
+
+DEFAULT_KV_CACHE = Path("~/.cache/tandem/kv/rapid")
+
+
 def run(
     *,
     out: Path = Path("bench/results"),
@@ -251,17 +412,44 @@ def run(
     window: int = 256,
     model: str = "qwen2.5-coder-0.5b",
     upward: str | None = None,
-    threads: int = 1,
+    threads: int | None = None,
     name: str | None = None,
+    backend: str | None = None,
+    methods: tuple[str, ...] = METHODS,
+    kv_type: str = "f16",
+    kv_cache: Path | None = DEFAULT_KV_CACHE,
+    cpus: list[int] | None = None,
+    embedder: str | None = None,
 ) -> dict:
-    """Run the benchmark; see the module doc. `quick` finishes in a few minutes."""
+    """Run the benchmark; see the module doc. `quick` finishes in a few minutes.
+
+    Every task of one context length asks about the same long context (tasks.py,
+    `build_shared_tasks`): it is prefilled once (or loaded from `kv_cache`, a folder of KV
+    files; None: always prefill) and each question continues that KV. The process runs on
+    `cpus` (default: every core) with the engine's threads = their number (`threads`
+    overrides).
+
+    On llama.cpp the short prompts (C^S: the RAG baseline, the self-speculating drafter, the
+    StreamingLLM drafter's compressed cache) run in a second instance of the target model
+    with a KV cache of their own: in one unified cache every row's attention spans the cells
+    up to the highest one in use, so a 700-token drafter row beside a 16K context paid for
+    16K cells (measured: 87 ms per drafted token at 16K vs 40 ms at 4K). The weights are
+    mapped once by the OS page cache; the instances share nothing else."""
     import torch
 
-    from tandem.models.registry import load_model
+    from tandem.models.registry import check_backend, load_model
     from tandem.protocols.rapid.config import RapidConfig, RetrievalConfig
-    from tandem.protocols.rapid.tasks import build_tasks
+    from tandem.protocols.rapid.prompts import target_prompt
+    from tandem.protocols.rapid.states import Prefilled
+    from tandem.protocols.rapid.tasks import build_shared_tasks
     from tandem.retrieval.embedder import load_embedder
+    from tandem.testbed.cpus import available, machine_state, pin
 
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown or not methods:
+        raise TandemError(f"methods must be among {', '.join(METHODS)} (got {', '.join(methods)})")
+    if "lc" not in methods:
+        raise TandemError("the lc method is the reference of every ratio: keep it")
     contexts = contexts or ([1024] if quick else [1024, 2048, 4096])
     tasks_per_kind = tasks_per_kind or (1 if quick else 2)
     sweep_context = sweep_context or contexts[0]
@@ -270,43 +458,78 @@ def run(
     sweep_modes = ("exact",) if quick else ("exact", "paper")
     max_new_tokens = max_new_tokens or (32 if quick else 64)
     name = name or ("rapid_upward" if upward else "rapid")
+    backend = check_backend(backend)
+    kv_cache = kv_cache.expanduser() if kv_cache is not None else None
     config = RapidConfig(
         gamma=gamma, eta=eta, temperature=temperature, max_new_tokens=max_new_tokens, seed=0
     )
     retrieval = RetrievalConfig(chunk_tokens=chunk_tokens, min_tokens=min_tokens)
+    if embedder:
+        retrieval = replace(retrieval, embedder=embedder)
     threads_before = torch.get_num_threads()
+    affinity_before = available()
+    cores = pin(cpus if cpus else affinity_before)
+    threads = threads or len(cores)
     torch.set_num_threads(threads)
+    engine = (
+        {"n_ctx": max(contexts) + 16384, "threads": threads, "kv_type": kv_type}
+        if backend == "llamacpp"
+        else {}
+    )
     console = Console(width=max(Console().width, 180))
+    machine: dict[str, Any] = {"before": machine_state()}
+    costs: dict[int, dict] = {}
+    prefills: dict[int, dict] = {}
     try:
-        target_lm = load_model(model, progress=False)
-        drafter_lm = load_model(upward, progress=False) if upward else target_lm
-        embedder = load_embedder(retrieval.embedder)
-        for lm in {id(target_lm): target_lm, id(drafter_lm): drafter_lm}.values():
+        target_lm = load_model(model, progress=False, backend=backend, **engine)
+        short_lm = None
+        if backend == "llamacpp":  # short prompts in a cache of their own (see the doc above)
+            short_n_ctx = (max(contexts) if "streaming" in methods else 0) + 16384
+            short_lm = load_model(
+                model, progress=False, backend=backend, **{**engine, "n_ctx": short_n_ctx}
+            )
+        drafter_lm = (
+            load_model(upward, progress=False, backend=backend, **engine)
+            if upward
+            else short_lm or target_lm
+        )
+        embed = load_embedder(retrieval.embedder)
+        for lm in {id(x): x for x in (target_lm, drafter_lm, short_lm) if x}.values():
             _warm_up(lm)
         rows, sweep_rows = [], []
         with Progress(console=console, transient=True) as progress:
             for length in contexts:
-                tasks = build_tasks(
+                tasks = build_shared_tasks(
                     target_lm.tokenizer, context_tokens=length, num_tasks=tasks_per_kind
                 )
+                memo = MemoEmbedder(embed)
+                shared = _common_prefix(
+                    [target_prompt(target_lm.tokenizer, t.context, t.question) for t in tasks]
+                )
+                console.log(f"context {length}: {len(tasks)} tasks, prefix {len(shared)} tokens")
+                prefix = Prefilled.cached(target_lm, shared, kv_cache)
+                prefills[length] = {"tokens": len(shared), "prefill_s": prefix.prefill_s,
+                                    "loaded_from_cache": prefix.loaded,
+                                    "load_s": prefix.load_s}  # fmt: skip
+                costs[length] = step_costs(prefix, gamma=gamma)
                 bar = progress.add_task(f"context {length}", total=len(tasks))
-                prepared = []
+                sweeping = length == sweep_context and sweep_tasks
+                prepared = []  # the prompts' states stay alive only for the sweep (KV cells)
                 for task in tasks:
                     task_rows, prep = run_task(
-                        task,
-                        target_lm,
-                        drafter_lm,
-                        embedder,
-                        retrieval,
-                        config,
-                        window=window,
-                        eta=eta,
-                    )
+                        task, target_lm, drafter_lm, memo, retrieval, config, window=window,
+                        eta=eta, prefix=prefix, methods=methods, short_lm=short_lm,
+                    )  # fmt: skip
                     rows.extend(task_rows)
-                    prepared.append((task, prep))
+                    if task is tasks[0]:  # the RAG drafter's step, on a C^S-long prompt
+                        draft_costs = step_costs(prep[2], gamma=gamma)
+                        costs[length]["draft_ms"] = draft_costs["decode_ms"]
+                        costs[length]["draft_tokens"] = draft_costs["tokens"]
+                    prepared.append((task, prep if sweeping else (prep[0], None, None)))
+                    del prep
                     progress.advance(bar)
-                if length == sweep_context and sweep_tasks:
-                    step = max(1, len(prepared) // sweep_tasks)  # from the end: quote first
+                if sweeping:
+                    step = max(1, len(prepared) // sweep_tasks)  # from the end: long answers
                     chosen = list(range(len(prepared) - 1, -1, -step))[:sweep_tasks]
                     sbar = progress.add_task("eta sweep", total=len(chosen))
                     for index in chosen:
@@ -317,15 +540,18 @@ def run(
                             sweep_task(task, prep, unrelated, drafter_lm, config, etas, sweep_modes)
                         )
                         progress.advance(sbar)
-                del prepared
+                del prepared, prefix
                 gc.collect()
+        machine["after"] = machine_state(target_lm)
     finally:
+        pin(affinity_before)
         torch.set_num_threads(threads_before)
 
     for row in rows:
         row["context"] = _bucket(row["context_tokens"], contexts)
     summary = aggregate(rows, ("context", "method"))
     add_ratios(summary, "context")
+    model_fit = cost_model(costs, summary, gamma=gamma) if "rapid-exact" in methods else {}
     sweep = aggregate(sweep_rows, ("retrieval", "method", "eta")) if sweep_rows else []
     swept = {r["task"] for r in sweep_rows}  # compare with LC on the same (swept) tasks
     lc_swept = aggregate(
@@ -341,10 +567,17 @@ def run(
             "tasks_per_kind": tasks_per_kind, "gamma": gamma, "eta": eta,
             "temperature": temperature, "max_new_tokens": max_new_tokens,
             "chunk_tokens": chunk_tokens, "min_tokens": min_tokens, "compression": retrieval.compression,
-            "threshold": retrieval.threshold, "streaming_window": window, "streaming_sink": 4,
-            "torch_threads": threads, "sweep_context": sweep_context, "sweep_etas": list(etas),
+            "threshold": retrieval.threshold, "embedder": retrieval.embedder, "streaming_window": window, "streaming_sink": 4,
+            "backend": backend, "threads": threads, "cpus": cores, "kv_type": kv_type,
+            "methods": list(methods), "shared_context": True,
+            "kv_cache": str(kv_cache) if kv_cache else None,
+            "sweep_context": sweep_context, "sweep_etas": list(etas),
             "sweep_modes": list(sweep_modes), "quick": quick,
         },
+        "machine": machine,
+        "prefill": prefills,
+        "step_costs": costs,
+        "cost_model": model_fit,
         "summary": summary,
         "sweep": sweep,
         "lc_on_swept_tasks": lc_swept,
@@ -357,7 +590,7 @@ def run(
     }  # fmt: skip
     json_path = save_json(out, name, payload)
     png_path = _plot(summary, sweep, contexts, out, name)
-    _print(console, summary, sweep)
+    _print(console, summary, sweep, prefills, model_fit)
     console.print(f"saved {json_path} and {png_path}")
     return payload
 
@@ -410,7 +643,7 @@ def _fmt(value, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-def _print(console: Console, summary, sweep) -> None:
+def _print(console: Console, summary, sweep, prefills=None, model_fit=None) -> None:
     table = Table("context", "method", "tasks", "quality", "Δ vs LC", "tok/s", "speedup",
                   "speedup (all)", "e2e speedup", "acceptance", "tok/round",
                   title="RAPID vs baselines (speedup: decode throughput / LC's, quote tasks)")  # fmt: skip
@@ -423,6 +656,27 @@ def _print(console: Console, summary, sweep) -> None:
             _fmt(s["tokens_per_round"], ".2f"),
         )  # fmt: skip
     console.print(table)
+    if prefills:
+        table = Table("context", "prefix tokens", "prefill s", "from KV file (load s)",
+                      "t_lc ms", "t_verify ms", "t_draft ms", "predicted", "measured",
+                      title="shared-context prefill and the cost model (RAPID exact vs LC)")  # fmt: skip
+        fits = {r["context"]: r for r in (model_fit or {}).get("per_context", [])}
+        for length, info in prefills.items():
+            fit = fits.get(length, {})
+            table.add_row(
+                str(length), str(info["tokens"]), f"{info['prefill_s']:.1f}",
+                f"yes ({info['load_s']:.1f})" if info["loaded_from_cache"] else "no",
+                _fmt(fit.get("t_lc_ms"), ".1f"), _fmt(fit.get("t_verify_ms"), ".1f"),
+                _fmt(fit.get("t_draft_ms"), ".1f"), _fmt(fit.get("predicted_speedup"), ".2f"),
+                _fmt(fit.get("measured_speedup"), ".2f"),
+            )  # fmt: skip
+        console.print(table)
+        if model_fit and "fit" in model_fit:
+            console.print(
+                f"crossover context: predicted {_fmt(model_fit['crossover_predicted'], '.0f')}, "
+                f"measured {_fmt(model_fit['crossover_measured'], '.0f')}"
+                f" {model_fit.get('crossover_measured_bound', '')}"
+            )
     if sweep:
         table = Table("retrieval", "mode", "eta", "quality", "Δ vs LC", "speedup", "acceptance",
                       "TV(paper law, p)", "TV(paper law, p_hat)", "TV(p_hat, p)",

@@ -354,13 +354,24 @@ class LlamaCppLM:
 
     def evict(self, state: State, start: int, end: int) -> None:
         """Drop positions [start, end) of a one-row unpadded state and shift the later ones
-        down (StreamingLLM); llama.cpp re-rotates the shifted keys at the next decode."""
+        down (StreamingLLM); llama.cpp re-rotates the shifted keys at the next decode.
+
+        The kept cells may be shared with other rows (`stack` / `split_rows` copy rows by
+        sharing cells), and a cell has one position for all its rows: shifting it in place
+        would move the other rows too. So the kept cells are first made this row's own (its
+        KV serialized and written back into fresh cells), then shifted."""
         state.evict_bookkeeping(start, end)
-        seq = state.cache.seqs[0]
+        seq, lib = state.cache.seqs[0], self._lib
         with self._lock:
-            if not self._lib.llama_memory_seq_rm(self._mem, seq, start, end):
+            if not lib.llama_memory_seq_rm(self._mem, seq, start, end):
                 raise TandemError(f"{self.name}: cannot evict [{start}, {end})")
-            self._lib.llama_memory_seq_add(self._mem, seq, end, -1, start - end)
+            size = lib.llama_state_seq_get_size(self._ctx, seq)
+            buf = (ctypes.c_uint8 * size)()
+            written = lib.llama_state_seq_get_data(self._ctx, buf, size, seq)
+            lib.llama_memory_seq_rm(self._mem, seq, -1, -1)
+            if lib.llama_state_seq_set_data(self._ctx, buf, written, seq) == 0:
+                raise TandemError(f"{self.name}: no room to keep the evicted row's cache")
+            lib.llama_memory_seq_add(self._mem, seq, end, -1, start - end)
 
     def score(self, ids: list[int]) -> torch.Tensor:  # [len(ids), vocab]
         row = as_rows(ids)[0]

@@ -293,6 +293,33 @@ def test_llamacpp_evict_matches_the_transformers_streaming_cache(real_lm, real_h
 
 
 @pytest.mark.slow
+def test_llamacpp_evict_on_a_row_sharing_its_cells_leaves_the_other_row_alone(real_lm):
+    """`stack` copies a row by sharing its cells; a cell has one position for all its rows, so
+    an eviction that shifted the shared cells in place would move the original row too (the
+    StreamingLLM drafter reads a copy of the target's long prompt; shifting the shared cells
+    in place made the copy's next llama_decode fail, status -1). The original decodes as
+    before, and the evicted copy as an evicted row that shared nothing."""
+    from tandem.baselines.rapid_baselines import compress_cache
+
+    text = "import os\nimport sys\n\n\ndef main():\n    print(os.getcwd(), sys.argv)\n"
+    ids = _prompt(real_lm, text * 3)
+    sink, window = 4, 20
+    state = real_lm.prefill(ids)
+    before = real_lm.decode(real_lm.stack([state]), [11])[0, -1]
+    shared = real_lm.stack([state])
+    assert compress_cache(real_lm, shared, sink=sink, window=window) == len(ids) - sink - window
+    alone = real_lm.prefill(ids)
+    compress_cache(real_lm, alone, sink=sink, window=window)
+    after = real_lm.decode(real_lm.stack([state]), [11])[0, -1]
+    assert torch.allclose(after, before, atol=1e-3)
+    assert state.row_ids(0) == ids
+    evicted, reference = real_lm.decode(shared, [11])[0, -1], real_lm.decode(alone, [11])[0, -1]
+    # the same kept tokens in other cells: equal up to the order of the sums (measured ~0.05)
+    assert int(evicted.argmax()) == int(reference.argmax())
+    assert torch.nn.functional.cosine_similarity(evicted, reference, dim=0).item() > 0.999
+
+
+@pytest.mark.slow
 def test_llamacpp_and_hf_agree(real_lm, real_hf_lm):
     """Same GGUF, two engines: same tokenizer and vocab (the handshake's check), next-token
     logits close (llama.cpp keeps Q4_K weights and quantizes activations; transformers

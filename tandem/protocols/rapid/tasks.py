@@ -17,11 +17,20 @@ How a task is built (nothing is downloaded, nothing is random):
    - "quote": question: copy the first sentences of the documentation of `F`; answer: the
      first `quote_words` words of the docstring; metric: ROUGE-L F1 over words (a longer
      output, for throughput and acceptance).
+   - "code": a code task whose needed API fact is documented in the context: write
+     `def answer():` returning the default of the parameter `P` of `F` (a "default" needle);
+     metric: pass@1, the model's code plus `assert answer() == <literal>` executed in a
+     separate Python process with a timeout (never in the benchmark's process).
    Candidates of a kind are ordered by sha256(salt, kind, document id) and taken in order.
-3. The *long context* of a task: the needle's module text plus *distractor* module texts
+3. The *long context* of a task (`build_tasks`): the needle's module text plus *distractor* module texts
    (every other module whose text fits, ordered by sha256(salt, task id, module)), added until
    `context_tokens` tokens (counted with the generating model's tokenizer); the needle module
    is inserted at depth sha256(...) in [0, 1); the last distractor is cut to fit.
+4. A *shared* long context (`build_shared_tasks`, the 4K-32K runs): many tasks ask about one
+   context, so a benchmark prefills it once and every question continues from that KV. The
+   needles are the documentation entries themselves (not whole modules), each at its own
+   hashed depth among distractor modules; distractors exclude the needles' top-level packages,
+   so each needle's entry appears once.
 """
 
 from __future__ import annotations
@@ -36,6 +45,8 @@ from tandem.models.base import Tokenizer
 from tandem.retrieval.corpus import Document
 
 KINDS = ("default", "name", "quote")
+SHARED_KINDS = (*KINDS, "code")
+CODE_TIMEOUT_S = 10.0
 SALT = "tandem-rapid-tasks-v1"
 
 
@@ -86,7 +97,32 @@ def _contains(output: str, needle: str, *, after_dot: bool = False) -> bool:
     return re.search(rf"{before}{re.escape(needle)}(?!\w)", output) is not None
 
 
+def code_of(output: str) -> str:
+    """The code in a model's answer: its first fenced block, else the whole text."""
+    match = re.search(r"```(?:python|py)?[^\n]*\n(.*?)(?:```|$)", output, re.S)
+    return match.group(1) if match else output
+
+
+def passes(program: str, timeout: float = CODE_TIMEOUT_S) -> bool:
+    """Does `program` exit 0 in a fresh, isolated Python process within `timeout` seconds?"""
+    import subprocess
+    import sys
+
+    try:
+        done = subprocess.run(
+            [sys.executable, "-I", "-c", program],
+            capture_output=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired:
+        return False
+    return done.returncode == 0
+
+
 def score_answer(kind: str, answer: str, needle: str, output: str) -> float:
+    if kind == "code":
+        return float(passes(f"{code_of(output)}\n\nassert answer() == {answer}\n"))
     if kind == "quote":
         return rouge_l(output, answer)
     if kind == "name":  # owner + name ("Stats.sort"), or a distinctive name alone
@@ -151,7 +187,7 @@ def needles(docs: Sequence[Document], kind: str, *, quote_words: int = 40) -> li
         heading, body = _split(doc)
         qual = heading[: heading.find("(")]
         module = str(doc.meta["module"])
-        if kind == "default":
+        if kind in ("default", "code"):
             pairs = _distinctive_defaults(heading)
             if not pairs:
                 continue
@@ -159,6 +195,9 @@ def needles(docs: Sequence[Document], kind: str, *, quote_words: int = 40) -> li
             question = (
                 f"What is the default value of the parameter `{param}` of `{qual}`? "
                 "Answer with the value only."
+                if kind == "default"
+                else f"Write a Python function `answer()` that returns the default value of "
+                f"the parameter `{param}` of `{qual}`, as documented. Reply with the code only."
             )
             answer = literal
         elif kind == "name":
@@ -184,6 +223,7 @@ def needles(docs: Sequence[Document], kind: str, *, quote_words: int = 40) -> li
                 "answer": answer,
                 "needle": qual,
                 "module": module,
+                "text": doc.text,
                 "rank": _rank(kind, doc.doc_id),
             }
         )
@@ -285,4 +325,84 @@ def build_tasks(
                 )
             )
             made += 1
+    return tasks
+
+
+def _top(module: str) -> str:
+    return module.split(".")[0]
+
+
+def build_shared_tasks(
+    tokenizer: Tokenizer,
+    *,
+    context_tokens: int,
+    num_tasks: int,
+    kinds: Sequence[str] = SHARED_KINDS,
+    docs: Sequence[Document] | None = None,
+    quote_words: int = 40,
+    max_needle_tokens: int = 256,
+) -> list[LongContextTask]:
+    """Up to `num_tasks` tasks per kind that share one context of about `context_tokens`
+    tokens (module doc, point 4). Needles take at most half of the context: at a short
+    context fewer tasks may fit (the count is in the result)."""
+    if docs is None:
+        from tandem.retrieval.stdlib import stdlib_documents
+
+        docs = stdlib_documents()
+    texts = module_texts(docs)
+    count = TokenCache(tokenizer)
+    chosen: list[tuple[str, dict]] = []
+    used_tops: set[str] = set()
+    room = context_tokens // 2
+    pools = {kind: needles(docs, kind, quote_words=quote_words) for kind in kinds}
+    for _ in range(num_tasks):  # one needle of each kind per pass, so every kind gets its share
+        for kind in kinds:
+            for record in pools[kind]:
+                if _top(record["module"]) in used_tops:
+                    continue
+                size = len(count(f"doc:{record['needle']}", record["text"]))
+                if size > min(max_needle_tokens, room):
+                    continue
+                chosen.append((kind, record))
+                used_tops.add(_top(record["module"]))
+                room -= size + 2
+                break
+    context_id = f"shared-{context_tokens}"
+    distractors = sorted(
+        (m for m in texts if _top(m) not in used_tops), key=lambda m: _rank(context_id, m)
+    )
+    left = context_tokens - sum(len(count(f"doc:{r['needle']}", r["text"])) + 2 for _, r in chosen)
+    blocks: list[str] = []
+    for module in distractors:
+        if left < 64:
+            break
+        ids = count(module, texts[module])
+        if len(ids) > left:
+            blocks.append(tokenizer.decode(ids[:left]))
+            break
+        blocks.append(texts[module])
+        left -= len(ids) + 2
+    for _, record in sorted(chosen, key=lambda c: _rank(context_id, "depth", c[1]["needle"])):
+        depth = int(_rank(context_id, "depth", record["needle"])[:8], 16) / 16**8
+        blocks.insert(round(depth * len(blocks)), record["text"])
+    context = "\n\n".join(blocks)
+    total = len(tokenizer.encode(context))
+    made: dict[str, int] = {}
+    tasks = []
+    for kind, record in chosen:
+        made[kind] = made.get(kind, 0) + 1
+        at = blocks.index(record["text"])
+        tasks.append(
+            LongContextTask(
+                task_id=f"{kind}-{context_tokens}-{made[kind] - 1}",
+                kind=kind,
+                context=context,
+                question=record["question"],
+                answer=record["answer"],
+                needle=record["needle"],
+                needle_module=record["module"],
+                depth=at / max(1, len(blocks) - 1),
+                context_tokens=total,
+            )
+        )
     return tasks

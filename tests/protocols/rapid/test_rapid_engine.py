@@ -84,6 +84,42 @@ def test_block_prefill_equals_one_prefill(tiny_lm):
     assert torch.allclose(blocks.logits, whole.logits, atol=1e-4)
 
 
+def test_a_prompt_continuing_a_shared_prefix_equals_its_own_prefill(tiny_lm):
+    from tandem.errors import TandemError
+
+    ids = target_prompt(tiny_lm.tokenizer, CONTEXT, QUESTION)
+    cut = len(ids) - 9
+    prefix = Prefilled(tiny_lm, ids[:cut])
+    shared = Prefilled(tiny_lm, ids, prefix=prefix, block=4)
+    alone = Prefilled(tiny_lm, ids)
+    assert shared.state.row_ids(0) == ids and shared.state.seq_len == alone.state.seq_len
+    assert torch.allclose(shared.state.logits, alone.state.logits, atol=1e-4)
+    assert shared.prefill_s == pytest.approx(prefix.prefill_s + shared.tail_s)
+    cfg = config(temperature=0.0, max_new_tokens=12)
+    assert lc(shared, cfg).tokens == lc(alone, cfg).tokens
+    assert prefix.fresh().seq_len == cut  # the prefix is untouched by its continuation
+    for bad in (ids[:cut], [ids[0] + 1, *ids[1:]]):
+        with pytest.raises(TandemError, match="prefix"):
+            Prefilled(tiny_lm, bad, prefix=prefix)
+
+
+def test_cached_prefill_is_saved_then_loaded(tiny_lm, tmp_path):
+    ids = target_prompt(tiny_lm.tokenizer, CONTEXT, QUESTION)
+    first = Prefilled.cached(tiny_lm, ids, tmp_path)
+    assert not first.loaded and len(list(tmp_path.glob("*.kv"))) == 1
+    again = Prefilled.cached(tiny_lm, ids, tmp_path)
+    assert again.loaded and again.prefill_s == pytest.approx(first.prefill_s)
+    assert first.load_s is None and again.load_s is not None and again.load_s >= 0.0
+    assert again.state.row_ids(0) == ids
+    assert torch.allclose(again.state.logits, first.state.logits)
+    cfg = config(temperature=0.0, max_new_tokens=8)
+    assert lc(again, cfg).tokens == lc(first, cfg).tokens
+    next(tmp_path.glob("*.kv")).write_bytes(b"broken")
+    redone = Prefilled.cached(tiny_lm, ids, tmp_path)  # unreadable: computed and saved again
+    assert not redone.loaded and Prefilled.cached(tiny_lm, ids, tmp_path).loaded
+    assert not Prefilled.cached(tiny_lm, ids, None).loaded
+
+
 def test_sampled_rapid_is_reproducible_and_differs_from_sd(tiny_lm, tiny_lm_b):
     target_ids, drafter_ids = prompts(tiny_lm)
     target, drafter = Prefilled(tiny_lm, target_ids), Prefilled(tiny_lm_b, drafter_ids)

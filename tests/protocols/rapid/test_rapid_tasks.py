@@ -75,3 +75,46 @@ def test_stdlib_task_set_builds_for_the_real_tokenizer(real_tokenizer):
     assert len(tasks) == 6
     assert all(1800 <= t.context_tokens <= 2100 for t in tasks)
     assert tasks == build_tasks(real_tokenizer, context_tokens=2048, num_tasks=2)
+
+
+def test_shared_tasks_ask_about_one_context_holding_each_needle_once():
+    from tandem.protocols.rapid.tasks import SHARED_KINDS, build_shared_tasks
+
+    tokenizer = ByteTokenizer()  # one token per byte: a needle here is ~500 tokens
+    kw = dict(context_tokens=8000, num_tasks=2, docs=corpus(), max_needle_tokens=600)
+    first = build_shared_tasks(tokenizer, **kw)
+    assert first == build_shared_tasks(tokenizer, **kw)
+    assert sorted(t.kind for t in first) == sorted(SHARED_KINDS * 2)
+    assert len({t.context for t in first}) == 1
+    assert len({t.needle for t in first}) == len(first)
+    context = first[0].context
+    for task in first:
+        heading = f"{task.needle}("
+        assert context.count(heading) == 1  # its entry, and no distractor from its package
+        assert 8000 - 400 <= task.context_tokens <= 8000 + 64
+        assert 0.0 <= task.depth <= 1.0
+        if task.kind != "code":
+            assert task.score(task.answer) == 1.0
+
+
+def test_shared_tasks_fit_fewer_needles_in_a_short_context():
+    from tandem.protocols.rapid.tasks import build_shared_tasks
+
+    tasks = build_shared_tasks(
+        ByteTokenizer(), context_tokens=2400, num_tasks=4, docs=corpus(), max_needle_tokens=600
+    )
+    assert 1 <= len(tasks) < 16
+    assert all(t.context_tokens <= 2400 + 64 for t in tasks)
+
+
+def test_code_tasks_are_scored_by_running_the_code_in_another_process():
+    from tandem.protocols.rapid.tasks import code_of, passes
+
+    right = "Here:\n```python\ndef answer():\n    return 'fast3'\n```\nDone."
+    assert code_of(right).startswith("def answer():")
+    assert score_answer("code", "'fast3'", "m.f", right) == 1.0
+    assert score_answer("code", "'fast3'", "m.f", "def answer():\n    return 'fast33'") == 0.0
+    assert score_answer("code", "80", "m.f", "def answer(:\n") == 0.0  # a syntax error
+    assert score_answer("code", "80", "m.f", "80") == 0.0  # the bare value is not code
+    assert not passes("while True:\n    pass", timeout=0.5)
+    assert passes("import sys\nassert sys.flags.isolated")  # -I: no user site, no cwd
