@@ -319,8 +319,10 @@ def step_costs(prefilled, *, gamma: int, repeats: int = 5) -> dict[str, float]:
 
 def tokens_per_round(acceptance: float, gamma: int) -> float:
     """Expected tokens a round emits when each draft passes with probability `acceptance`
-    independently: 1 + a + ... + a^gamma."""
-    return float(sum(acceptance**i for i in range(gamma + 1)))
+    independently: 1 + a + ... + a^gamma (the planner's Eq. 5 with the bonus token)."""
+    from tandem.protocols.spec.planner import expected_length
+
+    return expected_length(acceptance, gamma, bonus=True)
 
 
 def cost_model(costs: dict[int, dict], summary: list[dict], *, gamma: int) -> dict[str, Any]:
@@ -380,15 +382,9 @@ def cost_model(costs: dict[int, dict], summary: list[dict], *, gamma: int) -> di
 
 
 def _common_prefix(rows: list[list[int]]) -> list[int]:
-    first = rows[0]
-    n = len(first)
-    for row in rows[1:]:
-        n = min(n, len(row))
-        for i in range(n):
-            if row[i] != first[i]:
-                n = i
-                break
-    return first[:n]
+    import os.path
+
+    return list(os.path.commonprefix(rows))
 
 
 DEFAULT_KV_CACHE = Path("~/.cache/tandem/kv/rapid")
