@@ -79,3 +79,38 @@ def test_imports_run_down_the_layers():
     assert not upward, "imports against docs/layout.md's layers:\n" + "\n".join(upward)
     stale = allowed - found
     assert not stale, f"listed as exceptions but no longer in the code (remove them): {stale}"
+
+
+def test_the_library_never_imports_the_benchmarks():
+    """`benchmarks/` sits above every layer: nothing in tandem/ imports it (at any depth),
+    and only tests/bench/ of the tests does; the CLI finds it by entry point."""
+    offenders = []
+    for top, allowed in (("tandem", ()), ("tests", ("tests/bench/",))):
+        for path in sorted((ROOT / top).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            if rel.startswith(allowed):
+                continue
+            offenders += [
+                f"{rel}:{line} imports {module}"
+                for line, module in _imports(path)
+                if module.split(".")[0] == "benchmarks"
+            ]
+    assert not offenders, "the library and its tests must not import benchmarks:\n" + "\n".join(
+        offenders
+    )
+
+
+def test_long_modules_say_why_at_the_top():
+    """No module of tandem/ over ~400 lines without a reason stated in its docstring."""
+    import ast
+
+    unexplained = []
+    for path in sorted((ROOT / "tandem").rglob("*.py")):
+        text = path.read_text()
+        if text.count("\n") > 400:
+            doc = ast.get_docstring(ast.parse(text)) or ""
+            if "Why one file:" not in doc:
+                unexplained.append(f"{path.relative_to(ROOT)} ({text.count(chr(10))} lines)")
+    assert not unexplained, "long modules need a 'Why one file:' paragraph:\n" + "\n".join(
+        unexplained
+    )

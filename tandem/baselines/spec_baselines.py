@@ -17,24 +17,23 @@ import asyncio
 import contextlib
 import time
 
-from tandem.codecs import sample_token
 from tandem.errors import TandemError
 from tandem.models.base import CausalLM
+from tandem.protocols.decoding import decode_steps, position_draw
 from tandem.protocols.spec import wire
 from tandem.protocols.spec.cloud import parse_start
-from tandem.protocols.spec.config import SpecConfig, position_generator
+from tandem.protocols.spec.config import SpecConfig
 from tandem.protocols.spec.context import LMContext
 from tandem.protocols.spec.device import OnToken, run_device
 from tandem.protocols.spec.stats import SpecReport
-from tandem.sampling.warp import warp
 from tandem.transport import ChannelClosed, Error, TargetToken, TransportError
 
 
-def _next_token(ctx: LMContext, config: SpecConfig, position: int) -> int:
-    probs = warp(ctx.logits()[0], **config.sampling())
-    token = sample_token(probs, position_generator(config.seed, "verify", position))
-    ctx.append([token])
-    return token
+def _steps(lm: CausalLM, ctx: LMContext, config: SpecConfig, eos: int | None):
+    """The one AR loop (tandem.protocols.decoding) from a prefilled context, drawing with the
+    verifier's position seeds, so cloud AR emits what every exact mode emits."""
+    draw = position_draw(config.seed, "verify", **config.sampling())
+    return decode_steps(lm, ctx.state, draw, max_new_tokens=config.max_new_tokens, eos=eos)
 
 
 async def serve_cloud_ar(channel, lm: CausalLM, *, first=None) -> dict | None:
@@ -56,13 +55,13 @@ async def serve_cloud_ar(channel, lm: CausalLM, *, first=None) -> dict | None:
     await asyncio.to_thread(ctx.prefill)
     stats = {"model": getattr(lm, "name", ""), "prefill_s": time.perf_counter() - start}
     decode_start = time.perf_counter()
-    for position in range(config.max_new_tokens):
-        token = await asyncio.to_thread(_next_token, ctx, config, position)
+    steps = _steps(lm, ctx, config, eos)
+    position = 0
+    while (token := await asyncio.to_thread(next, steps, None)) is not None:
         await channel.send(TargetToken(seq=position, position=position, token=token))
-        if token == eos:
-            break
+        position += 1
     stats["decode_s"] = time.perf_counter() - decode_start
-    stats["tokens"] = len(ctx.output)
+    stats["tokens"] = position
     with contextlib.suppress(ChannelClosed, TransportError):
         while wire.control_kind(await channel.recv()) != wire.END:
             pass
@@ -130,14 +129,11 @@ def run_device_only(
     start = time.perf_counter()
     ctx.prefill()
     report.device_prefill_s = time.perf_counter() - start
-    for position in range(config.max_new_tokens):
-        token = _next_token(ctx, config, position)
+    for token in _steps(lm, ctx, config, eos):
         report.tokens.append(token)
         report.token_times.append(time.perf_counter() - start)
         if on_token is not None:
             on_token(token)
-        if token == eos:
-            break
     report.total_s = time.perf_counter() - start
     report.text = lm.tokenizer.decode(report.tokens)
     return report

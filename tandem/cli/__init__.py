@@ -1,23 +1,25 @@
 """Thin typer CLI: each sub-command parses flags, calls one library function, prints.
 
-Sub-command groups live in one small module each (``models``, ``generate``, ``bench``,
-``net``, ``index``) so they stay readable; this module only wires them together and turns
-`TandemError` into a one-line message with exit status 2.
+Sub-command groups live in one small module each (``models``, ``generate``, ``net``,
+``index``, ...) so they stay readable; this module only wires them together and turns
+`TandemError` into a one-line message with exit status 2. Groups from outside the library
+(``bench``, from the top-level ``benchmarks`` package) come in through the ``tandem.commands``
+entry point, so the library itself never imports them.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from importlib.metadata import entry_points
 
 import typer
 
-from tandem.cli import bench, cloud, config, demo, device, generate, index, models, net, rapid
+from tandem.cli import cloud, config, demo, device, generate, index, models, net, rapid
 from tandem.errors import TandemError
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__.splitlines()[0])
 app.add_typer(models.app, name="models", help="List and prepare the named models.")
-app.add_typer(bench.app, name="bench", help="Benchmarks; results go to bench/results/.")
 app.add_typer(net.app, name="net", help="Emulated network between a device and a cloud.")
 app.add_typer(index.app, name="index", help="Build and query retrieval indexes.")
 app.add_typer(cloud.app, name="cloud", help="The cloud side: serve device sessions.")
@@ -44,6 +46,22 @@ def _engine(
 
 
 app.command("demo")(demo.demo)
+
+
+def _add_plugins() -> None:
+    """Command groups that other packages register under the `tandem.commands` entry point
+    (this distribution's `benchmarks.cli` adds `bench`). One that fails to import is left
+    out with a one-line warning instead of breaking every other command."""
+    for point in entry_points(group="tandem.commands"):
+        try:
+            group = point.load()
+        except Exception as exc:  # a broken plugin must not take every other command down
+            print(f"warning: tandem {point.name} unavailable: {exc}", file=sys.stderr)
+            continue
+        app.add_typer(group, name=point.name)
+
+
+_add_plugins()
 
 
 def main() -> None:

@@ -27,12 +27,17 @@ def cloud_settings(config: Path | None, flags: dict[str, object]):
 def serve(
     config: Path = typer.Option(None, "--config", help="TOML/YAML file; flags override it."),
     mode: list[str] = typer.Option(
-        None, "--mode", help="Modes to serve (repeat): spec, ar, dragon, private-spec [spec, ar]."
+        None,
+        "--mode",
+        help="Modes to serve (repeat): spec, ar, dragon, private-spec, rapid [spec, ar].",
     ),
     corpus: str = typer.Option(
         None,
         "--corpus",
         help="This side's corpus (folder, index, 'stdlib'); adds dragon and private-spec.",
+    ),
+    long_context: str = typer.Option(
+        None, "--long-context", help="RAPID: the text file the target reads in full; adds rapid."
     ),
     docs: int = typer.Option(None, "--docs", help="DRAGON: documents per side [2]."),
     model: str = typer.Option(
@@ -63,7 +68,8 @@ def serve(
     ),
     log_format: str = typer.Option(None, "--log-format", help="Session logs: text or json."),
 ) -> None:
-    """Serve speculative decoding (and the cloud-AR baseline) to devices over TCP."""
+    """Serve every collaboration mode to devices over TCP: speculative decoding and cloud AR;
+    DRAGON and private-spec with --corpus; RAPID with --long-context."""
     flags = {k: v for k, v in locals().items() if k not in ("config", "secret", "listen")}
     if listen:
         from tandem.testbed.proxy import parse_hostport
@@ -76,26 +82,31 @@ def serve(
 
     from tandem.models.registry import load_model
     from tandem.serve.admission import CloudLimits
-    from tandem.serve.cloud import CloudServer, cloud_resources, cloud_transport
+    from tandem.serve.cloud import CloudServer, cloud_resources
     from tandem.serve.cloud_metrics import session_logger
-    from tandem.transport import LinkConfig
+    from tandem.transport import LinkConfig, TransportConfig
 
     s = cloud_settings(config, flags)
     modes = list(s.mode)
     if s.corpus:  # a corpus enables the retrieval modes
         modes += [m for m in ("dragon", "private-spec") if m not in modes]
+    if s.long_context and "rapid" not in modes:
+        modes.append("rapid")
+    long_text = _read_long_context(s.long_context) if s.long_context else None
     CloudServer(cloud_resources(None, batching=False), modes=modes)  # bad --mode: fail fast
     if s.log_format == "text":
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     torch.set_num_threads(s.threads)
     lm = load_model(s.model, backend=s.backend)
     link = LinkConfig(delay_ms=s.delay) if s.delay else None
-    transport = cloud_transport(lm, secret=secret, link=link)
+    transport = TransportConfig.for_model(lm, role="cloud", secret=secret, link=link)
     resources = cloud_resources(lm, batch_window_ms=s.batch_window_ms, max_sessions=s.max_sessions)
     if s.corpus:
         from tandem.protocols.dragon.setup import load_side
 
         resources.extra["dragon"] = load_side(corpus=s.corpus, model=s.model, docs=s.docs, lm=lm)
+    if long_text is not None:
+        resources.extra["long_context"] = long_text
     limits = CloudLimits(
         max_sessions=s.max_sessions,
         max_context=s.max_context,
@@ -122,3 +133,12 @@ def serve(
         asyncio.run(main())
     except KeyboardInterrupt:
         typer.echo("tandem cloud: stopped")
+
+
+def _read_long_context(path: str) -> str:
+    from tandem.errors import TandemError
+
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TandemError(f"cannot read the long context {path}: {exc}") from None

@@ -12,7 +12,7 @@ from datetime import datetime
 
 import typer
 
-from tandem.cli.cpus import CLOUD_CPUS, DEVICE_CPUS, role_cpus
+from tandem.testbed.options import CLOUD_CPUS, DEVICE_CPUS, role_cpus
 
 app = typer.Typer(no_args_is_help=True)
 

@@ -191,7 +191,7 @@ def device(
 
 @app.command("tasks")
 def tasks(
-    out: Path = typer.Option(Path("bench/results/rapid_tasks.jsonl"), "--out"),
+    out: Path = typer.Option(Path("rapid_tasks.jsonl"), "--out", help="JSONL file to write."),
     context_tokens: int = typer.Option(2048, "--context-tokens", min=256),
     num: int = typer.Option(4, "--num", min=1, help="Tasks per kind."),
     model: str = typer.Option("qwen2.5-coder-0.5b", "--model", help="Whose tokenizer counts."),

@@ -10,7 +10,7 @@ core (the papers' GPU regimes, which this CPU cannot be; every result that uses 
 - `ToyTokenizer`: bytes modulo the vocabulary.
 
 Calibrations (which machine it stands for) live with the benchmarks that use them
-(`tandem.bench.spec_emulated.paper_pair`, `tandem.bench.spec_paper`).
+(`benchmarks.spec_emulated.paper_pair`, `benchmarks.spec_paper`).
 """
 
 from __future__ import annotations

@@ -1,5 +1,8 @@
 """llama.cpp backend for the `CausalLM` protocol: a GGUF run by llama-cpp-python's C API.
 
+Why one file: one class implements the whole `CausalLM` protocol on llama.cpp's C API, and
+every method depends on the same bookkeeping of which sequence owns which KV cells.
+
 Owns: one llama context per model object, the mapping of `State` rows to llama sequences,
 KV rollback, cancellation mid-graph, and saving a row's KV. Words as in `tandem.models.base`, and:
 - *seq*: a llama.cpp sequence id. Each row of each live `State` owns one. The KV cache is

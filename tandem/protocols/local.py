@@ -11,11 +11,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import torch
-
 from tandem.config import SamplingConfig
 from tandem.models.base import CausalLM
-from tandem.sampling.warp import sample, warp
+from tandem.protocols.decoding import decode_steps, stream_draw
 
 
 @dataclass
@@ -61,29 +59,23 @@ def generate(
     on_token: Callable[[int, str], None] | None = None,
 ) -> GenerationResult:
     """Autoregressive decoding with the KV cache; streams through `on_token`."""
-    generator = torch.Generator().manual_seed(config.seed)
+    draw = stream_draw(
+        config.seed, temperature=config.temperature, top_k=config.top_k, top_p=config.top_p
+    )
     detok = IncrementalDetokenizer(lm.tokenizer)
     eos = lm.tokenizer.eos_token_id if config.stop_at_eos else None
     start = time.perf_counter()
     state = lm.prefill(prompt_ids)
     tokens: list[int] = []
     first_at = start
-    finish = "length"
-    for step in range(config.max_new_tokens):
-        probs = warp(
-            state.logits[0], temperature=config.temperature, top_k=config.top_k, top_p=config.top_p
-        )
-        token = int(sample(probs, generator))
+    steps = decode_steps(lm, state, draw, max_new_tokens=config.max_new_tokens, eos=eos)
+    for token in steps:
         tokens.append(token)
-        if step == 0:
+        if len(tokens) == 1:
             first_at = time.perf_counter()
         if on_token is not None:
             on_token(token, detok.push(token))
-        if token == eos:
-            finish = "eos"
-            break
-        if step + 1 < config.max_new_tokens:
-            lm.decode(state, [token])
+    finish = "eos" if tokens and tokens[-1] == eos else "length"
     end = time.perf_counter()
     return GenerationResult(
         tokens=tokens,

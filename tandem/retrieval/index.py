@@ -1,5 +1,8 @@
 """Index folders: build, add to, and open them. Every write is atomic.
 
+Why one file: build, add and open share one on-disk format (the manifest's fields, the
+atomic write, the checks on open); split, its invariants would be spread over modules.
+
 An index folder holds three files:
 - `manifest.json`: what the index was built with (embedder name and dim, tokenizer name and
   fingerprint, chunk parameters, index kind) and counts (documents, chunks, tokens);

@@ -12,7 +12,7 @@ Words used here:
   warning naming the file; other entries are left alone.
 
 DRAGON's TTFT premise: loading an entry should be much cheaper than prefilling the document
-again; `tandem.bench.retrieval` measures both on the real model.
+again; `benchmarks.retrieval` measures both on the real model.
 """
 
 from __future__ import annotations

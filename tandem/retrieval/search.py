@@ -4,7 +4,7 @@ Words used here:
 - *flat*: exact inner-product search (`IndexFlatIP`); vectors are unit, so scores are cosine
   similarities. The default.
 - *hnsw*: approximate search (`IndexHNSWFlat`, inner-product metric) for large corpora; its
-  recall@10 against flat is measured in `tandem.bench.retrieval`.
+  recall@10 against flat is measured in `benchmarks.retrieval`.
 - *hit*: `(chunk, score)`, best first.
 - *context selection* (RAPID §3.1): keep hits above a similarity threshold, within a token
   budget, and put them back in document order.

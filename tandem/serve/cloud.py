@@ -3,9 +3,9 @@
 Words used here:
 - *mode*: one collaboration protocol the cloud can serve. A `Mode` says how to recognise a
   session's first message (`matches`) and how to serve the session (`serve(channel, first,
-  resources)`). `MODES` is the registry; a new protocol plugs in by adding an entry (DRAGON's
-  `serve_cloud(channel, lm=..., knowledge=..., first=first)` and RAPID's cloud side fit as is,
-  their resources going into `CloudResources.extra`).
+  resources)`). `MODES` is the registry (spec, ar, dragon, private-spec, rapid); a new
+  protocol plugs in by adding an entry, its resources going into `CloudResources.extra`
+  (DRAGON's side setup under "dragon", RAPID's long context under "long_context").
 - *resources*: what the modes share: the target model, the verification batcher (spec mode:
   verifications of different sessions that are ready together run as one forward pass, see
   tandem.models.batching), the metrics, and anything mode-specific.
@@ -59,6 +59,9 @@ class Mode:
     name: str
     matches: Callable[[Message], bool]
     serve: Callable[[object, Message, CloudResources], Awaitable[object]]
+    # the device ends a session by closing the channel (its Bye), not by a message of the
+    # mode's own (RAPID): a Bye is then a completed session, not a lost peer
+    ends_with_bye: bool = False
 
 
 def _spec_start_mode(msg: Message) -> str | None:
@@ -136,6 +139,25 @@ async def _serve_private_spec(channel, first: Message, resources: CloudResources
     )
 
 
+def _is_rapid_open(msg: Message) -> bool:
+    from tandem.protocols.rapid.edge import is_open
+
+    return is_open(msg)
+
+
+async def _serve_rapid(channel, first: Message, resources: CloudResources):
+    from tandem.protocols.rapid.edge import cloud_session
+
+    context = resources.extra.get("long_context")  # `tandem cloud serve --long-context FILE`
+    if context is None:
+        with contextlib.suppress(ChannelClosed):
+            await channel.send(
+                Error(code="rapid-open", message="this cloud has no long context (--long-context)")
+            )
+        return None
+    return await cloud_session(channel, resources.lm, context, first=first)
+
+
 MODES: dict[str, Mode] = {
     "spec": Mode("spec", lambda msg: _spec_start_mode(msg) == "spec", _serve_spec),
     "ar": Mode("ar", lambda msg: _spec_start_mode(msg) == "ar", _serve_ar),
@@ -143,6 +165,7 @@ MODES: dict[str, Mode] = {
     "private-spec": Mode(
         "private-spec", lambda msg: _spec_start_mode(msg) == "private-spec", _serve_private_spec
     ),
+    "rapid": Mode("rapid", _is_rapid_open, _serve_rapid, ends_with_bye=True),
 }
 
 
@@ -224,7 +247,10 @@ class CloudServer:
             raise
         finally:
             del self.open[channel]
-            reason, error = end_reason(result, error, getattr(channel, "failure", None))
+            failure = getattr(channel, "failure", None)
+            if mode.ends_with_bye and str(failure or "").startswith("peer said bye"):
+                failure = None  # the mode's normal end (tandem.transport.channel: the Bye)
+            reason, error = end_reason(result, error, failure)
             stats = result if isinstance(result, dict) else {}
             record = _record(
                 "session_end",
@@ -313,8 +339,3 @@ def cloud_resources(
             lm, window_ms=batch_window_ms, max_workers=max_sessions, on_batch=metrics.batch
         )
     return CloudResources(lm=lm, batcher=batcher, metrics=metrics)
-
-
-def cloud_transport(lm: CausalLM, *, secret: bytes | str | None, **kwargs) -> TransportConfig:
-    """The cloud's TransportConfig for a model (the handshake checks the tokenizer)."""
-    return TransportConfig.for_model(lm, role="cloud", secret=secret, **kwargs)

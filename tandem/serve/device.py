@@ -25,11 +25,6 @@ from tandem.transport import TransportConfig, connect
 DEVICE_MODES = ("spec", "ar", "local")
 
 
-def device_transport(lm: CausalLM, *, secret: bytes | str | None, **kwargs) -> TransportConfig:
-    """The device's TransportConfig for a model (the handshake checks the tokenizer)."""
-    return TransportConfig.for_model(lm, role="device", secret=secret, **kwargs)
-
-
 async def run_generation(
     mode: str,
     *,
@@ -52,7 +47,9 @@ async def run_generation(
         raise TandemError("the prompt is empty")
     if mode == "local":
         return run_device_only(lm, prompt_ids, config, on_token=on_token)
-    channel = await connect(host, port, config=transport or device_transport(lm, secret=None))
+    channel = await connect(
+        host, port, config=transport or TransportConfig.for_model(lm, role="device", secret=None)
+    )
     if mode == "ar":
         return await run_cloud_ar(channel, lm.tokenizer, prompt_ids, config, on_token=on_token)
     return await run_device(

@@ -49,9 +49,8 @@ def run_private_demo(
     from tandem.protocols.dragon.setup import ensure_index
     from tandem.protocols.private_spec import run_private_device
     from tandem.serve.api.backends import probe_cloud
-    from tandem.serve.device import device_transport
     from tandem.testbed import cpus
-    from tandem.transport import LinkConfig, connect
+    from tandem.transport import LinkConfig, TransportConfig, connect
 
     if not private_corpus.is_dir():
         raise TandemError(f"private corpus {private_corpus} not found (use --private DIR)")
@@ -76,8 +75,11 @@ def run_private_demo(
                                  stdout=sink, stderr=subprocess.STDOUT)  # fmt: skip
     try:
         cpus.pin(plan["device"])
-        transport = device_transport(
-            device_lm, secret=secret, link=LinkConfig(delay_ms=delay_ms) if delay_ms else None
+        transport = TransportConfig.for_model(
+            device_lm,
+            role="device",
+            secret=secret,
+            link=LinkConfig(delay_ms=delay_ms) if delay_ms else None,
         )
         knowledge = Knowledge.from_index(index)
         on_status(f"device: {DEVICE_MODEL} with the private notes on cores {plan['device']}")

@@ -3,7 +3,8 @@
 - `run_local`: retrieve, then RAPID (and, with `compare`, the LC and SD baselines on the same
   prefills) on one machine.
 - `serve_cloud` / `run_device`: the edge-cloud split over TCP (`tandem.transport`); the cloud
-  holds the long context, the device retrieves C^S from its own copy of the text. The device
+  (the one `tandem.serve.cloud.CloudServer`, rapid mode only; `tandem cloud serve
+  --long-context FILE` serves it beside every other mode) holds the long context, the device retrieves C^S from its own copy of the text. The device
   goes through the serving backend (`tandem.serve.api.retrieval.RapidBackend`), so a cloud
   that is unreachable or lost mid-answer is a fallback: the drafter finishes alone from the
   tokens already verified.
@@ -70,13 +71,22 @@ def run_local(
 
 
 async def _serve(target_lm: CausalLM, context: str, host: str, port: int, secret: bytes) -> None:
-    from tandem.protocols.rapid.edge import cloud_handler
-    from tandem.transport import TransportConfig, serve
+    """The one cloud server (tandem.serve.cloud), serving only the rapid mode."""
+    from tandem.serve.cloud import CloudServer, cloud_resources
+    from tandem.transport import TransportConfig
 
-    config = TransportConfig.for_model(target_lm, role="cloud", secret=secret)
-    server = await serve(cloud_handler(target_lm, context), host, port, config=config)
+    resources = cloud_resources(target_lm, batching=False)
+    resources.extra["long_context"] = context
+    cloud = CloudServer(resources, modes=["rapid"])
+    server = await cloud.start(
+        host, port, transport=TransportConfig.for_model(target_lm, role="cloud", secret=secret)
+    )
     print(f"RAPID cloud serving {target_lm.name} on {host}:{server.port}", flush=True)
-    await server.serve_forever()
+    try:
+        await server.serve_forever()
+    finally:
+        await server.close()
+        await cloud.close()
 
 
 def serve_cloud(target_lm: CausalLM, context: str, *, host: str, port: int, secret: bytes) -> None:

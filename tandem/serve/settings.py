@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from tandem.errors import TandemError
 
 SERVE_MODES = ("local", "spec", "ar", "dragon", "rapid", "private-spec")
-CLOUD_MODES = ("spec", "ar", "dragon", "private-spec")
+CLOUD_MODES = ("spec", "ar", "dragon", "private-spec", "rapid")
 
 
 class _Section(BaseModel):
@@ -71,10 +71,11 @@ class DeviceServeSettings(_Section):
 class CloudServeSettings(_Section):
     """Every flag of `tandem cloud serve` (the secret excepted)."""
 
-    mode: list[Literal["spec", "ar", "dragon", "private-spec"]] = Field(
+    mode: list[Literal["spec", "ar", "dragon", "private-spec", "rapid"]] = Field(
         default_factory=lambda: ["spec", "ar"]
     )
     corpus: str | None = None
+    long_context: str | None = None  # rapid: the text file the target reads in full
     docs: int = Field(2, ge=1)
     model: str = "qwen2.5-coder-1.5b"
     backend: Literal["llamacpp", "hf"] | None = (

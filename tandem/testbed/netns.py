@@ -1,5 +1,8 @@
 """Real network emulation: a "device" and a "cloud" network namespace joined by a veth pair.
 
+Why one file: `net_up` and `net_down` must undo exactly what the other does (namespaces,
+veth, qdiscs, the proxy); keeping the whole lifecycle together keeps that visible.
+
 `net_up(config)` builds (or reconfigures, idempotently) this picture::
 
     namespace <name>-dev                      namespace <name>-cloud

@@ -1,5 +1,8 @@
 """TCP delay proxy: one-way delay, jitter, rate and outages on a real TCP connection.
 
+Why one file: the per-direction schedule (delay, jitter, rate, outages) and the pumps
+that apply it to the bytes are one mechanism, tested as one.
+
 The kernel here has no `netem` qdisc, so the emulated link between the device and the
 cloud is this proxy: it accepts TCP connections on `listen`, opens one to `upstream` for
 each, and moves bytes both ways through a per-direction schedule.

@@ -1,5 +1,8 @@
 """Channels: messages over a byte stream, with heartbeats, RTT and byte counters.
 
+Why one file: the `Channel` protocol, its one implementation and that implementation's
+config are read together; heartbeats, RTT and byte counts all live in `FramedChannel`.
+
 Owns the `Channel` protocol every collaboration algorithm talks to, the `ByteStream`
 protocol under it (TCP, in-memory, emulated link), `FramedChannel` (the one channel
 implementation: FrameParser + encode_message over a ByteStream), `TransportConfig`,

@@ -1,5 +1,8 @@
 """The wire format, sans-I/O: messages <-> bytes, with hard limits checked before allocating.
 
+Why one file: it is the wire format's specification; every message type, its encoding
+and its limits are meant to be read in one place, next to the frame layout below.
+
 A *frame* is a 16-byte fixed prefix, a msgpack *header*, and a raw *payload*::
 
     offset size  field

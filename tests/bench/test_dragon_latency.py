@@ -8,7 +8,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from tandem.cli.bench_dragon import app
+from benchmarks.cli.dragon import app
 from tandem.testbed.cpus import plan
 
 DEVICE_TEXTS = [
@@ -30,7 +30,7 @@ def test_cli_commands_are_registered():
 
 @pytest.mark.slow
 def test_quick_latency_and_ttft_runs(tmp_path, monkeypatch):
-    from tandem.bench import dragon_latency, dragon_ttft
+    from benchmarks import dragon_latency, dragon_ttft
 
     monkeypatch.setenv("TANDEM_HOME", str(tmp_path / "home"))
     corpora = {}

@@ -1,4 +1,4 @@
-"""Fig. 5 perplexity scoring (tandem.bench.dragon_quality) on a tiny model and tiny corpus."""
+"""Fig. 5 perplexity scoring (benchmarks.dragon_quality) on a tiny model and tiny corpus."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from protocols.dragon.conftest import CLOUD_TEXTS, DEVICE_TEXTS
 
-from tandem.bench.dragon_quality import (
+from benchmarks.dragon_quality import (
     METHODS,
     Doc,
     Passage,

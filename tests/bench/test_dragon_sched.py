@@ -1,4 +1,4 @@
-"""The Fig. 8 scheduling simulator (tandem.bench.dragon_sched): closed forms, the scheduler's
+"""The Fig. 8 scheduling simulator (benchmarks.dragon_sched): closed forms, the scheduler's
 choice on a lopsided trace, determinism."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tandem.bench.dragon_sched import (
+from benchmarks.dragon_sched import (
     STRATEGIES,
     DecodeTimes,
     Network,
@@ -114,7 +114,7 @@ def test_cli_replays_a_recording_without_a_model(tmp_path):
     import typer
     from typer.testing import CliRunner
 
-    from tandem.cli.bench_dragon_quality import perplexity, scheduling
+    from benchmarks.cli.dragon_quality import perplexity, scheduling
 
     app = typer.Typer()
     app.command("perplexity")(perplexity)

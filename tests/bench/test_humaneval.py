@@ -9,8 +9,8 @@ import os
 import pytest
 from rich.console import Console
 
-from tandem.bench import humaneval
-from tandem.bench.humaneval_tasks import (
+from benchmarks import humaneval
+from benchmarks.humaneval_tasks import (
     build_program,
     completion_text,
     execute,

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tandem.bench.humaneval_sweep import run, summarize
+from benchmarks.humaneval_sweep import run, summarize
 from tandem.errors import TandemError
 from tandem.protocols.spec.planner import Costs, throughput
 

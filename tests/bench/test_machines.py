@@ -7,7 +7,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from tandem.bench.report import Machines, save_json
+from benchmarks.report import Machines, save_json
 from tandem.cli import app
 from tandem.testbed.cpus import plan
 
@@ -45,7 +45,7 @@ def test_two_sided_commands_take_the_cpu_knob(command):
 
 
 def test_serve_bench_runs_each_side_on_its_cores(tmp_path):
-    from tandem.bench.serve_load import run
+    from benchmarks.serve_load import run
 
     payload = run(
         device_model="tiny-qwen2", cloud_model="tiny-qwen2-b", sessions=[2], tokens=3,
@@ -61,7 +61,7 @@ def test_serve_bench_runs_each_side_on_its_cores(tmp_path):
 
 
 def test_serve_bench_counts_refused_sessions(tmp_path):
-    from tandem.bench.serve_load import run
+    from benchmarks.serve_load import run
 
     payload = run(
         device_model="tiny-qwen2", cloud_model="tiny-qwen2-b", sessions=[4], tokens=3,
@@ -80,7 +80,7 @@ def test_plots_without_matplotlib_are_one_line(monkeypatch):
 
     import pytest
 
-    from tandem.bench.report import new_figure
+    from benchmarks.report import new_figure
     from tandem.errors import TandemError
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tandem.bench.private_tasks import TASKS, score
+from benchmarks.private_tasks import TASKS, score
 
 NOTES = Path(__file__).resolve().parents[2] / "examples" / "private-notes"
 
@@ -54,7 +54,7 @@ def test_an_answer_needs_both_facts():
 
 
 def test_latency_skips_one_token_answers_and_pools_the_gaps():
-    from tandem.bench.private_spec import _aggregate
+    from benchmarks.private_spec import _aggregate
 
     def rec(tokens, ms, total):
         return {"method": "device-rag", "rtt_ms": 0.0, "tokens": tokens, "ms_per_token": ms,

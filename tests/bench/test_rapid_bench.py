@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from tandem.bench.rapid import (
+from benchmarks.rapid import (
     MemoEmbedder,
     _common_prefix,
     cost_model,

@@ -7,8 +7,9 @@ import contextlib
 
 from tandem.protocols.spec import SpecConfig
 from tandem.serve.admission import CloudLimits
-from tandem.serve.cloud import CloudServer, cloud_resources, cloud_transport
-from tandem.serve.device import device_transport, run_generation
+from tandem.serve.cloud import CloudServer, cloud_resources
+from tandem.serve.device import run_generation
+from tandem.transport import TransportConfig
 
 SECRET = b"cloud-load-secret"
 TEXTS = [
@@ -46,7 +47,7 @@ class LoopbackCloud:
         self.server = None
 
     async def __aenter__(self) -> LoopbackCloud:
-        config = cloud_transport(self.lm, secret=SECRET, **self.transport)
+        config = TransportConfig.for_model(self.lm, role="cloud", secret=SECRET, **self.transport)
         self.server = await self.cloud.start(
             "127.0.0.1", 0, transport=config, metrics_port=self.metrics_port
         )
@@ -64,7 +65,7 @@ class LoopbackCloud:
 async def generate(device_lm, port: int, prompt, config, **transport):
     return await run_generation(
         "spec", lm=device_lm, prompt_ids=prompt, config=config, port=port,
-        transport=device_transport(device_lm, secret=SECRET, **transport),
+        transport=TransportConfig.for_model(device_lm, role="device", secret=SECRET, **transport),
     )  # fmt: skip
 
 

@@ -13,9 +13,8 @@ import pytest
 from tandem.errors import TandemError
 from tandem.protocols.spec import SpecConfig, wire
 from tandem.serve.admission import CloudLimits, admit
-from tandem.serve.device import device_transport
 from tandem.testbed.proxy import DelayProxy, ProxyConfig
-from tandem.transport import connect
+from tandem.transport import TransportConfig, connect
 
 from .cloud_helpers import SECRET, LoopbackCloud, generate, metric, session_config
 
@@ -48,7 +47,9 @@ def test_outage_and_jitter_do_not_change_the_output(tiny_lm, tiny_lm_b):
 
 async def open_idle_session(lm, port: int):
     """A session that has started (admitted, prefilled) and then waits: holds a slot."""
-    channel = await connect("127.0.0.1", port, config=device_transport(lm, secret=SECRET))
+    channel = await connect(
+        "127.0.0.1", port, config=TransportConfig.for_model(lm, role="device", secret=SECRET)
+    )
     start = wire.control_message(
         wire.START, {"mode": "spec", "config": SpecConfig(max_new_tokens=8).to_json()}, (1, 2, 3)
     )

@@ -12,8 +12,7 @@ import pytest
 
 from tandem.protocols.spec import SpecConfig
 from tandem.protocols.spec.device import run_device
-from tandem.serve.device import device_transport
-from tandem.transport import connect
+from tandem.transport import TransportConfig, connect
 
 from .cloud_helpers import SECRET, LoopbackCloud, generate, metric, session_config
 
@@ -32,7 +31,9 @@ def test_a_device_that_vanishes_mid_generation_is_released(tiny_lm, tiny_lm_b, h
 
     async def main():
         async with LoopbackCloud(tiny_lm_b, on_record=records.append, **HEARTBEAT) as cloud:
-            transport = device_transport(tiny_lm, secret=SECRET, ping_interval=None)
+            transport = TransportConfig.for_model(
+                tiny_lm, role="device", secret=SECRET, ping_interval=None
+            )
             channel = await connect("127.0.0.1", cloud.port, config=transport)
             socket = channel._stream.writer.transport
             tokens = []

@@ -121,7 +121,7 @@ def test_cloud_settings_names_are_stable():
     fields = set(CloudServeSettings.model_fields)
     assert {"mode", "corpus", "docs", "model", "backend", "host", "port", "delay", "threads",
             "max_sessions", "max_context", "max_queued_tokens", "batch_window_ms",
-            "metrics_port", "log_format"} == fields  # fmt: skip
+            "metrics_port", "log_format", "long_context"} == fields  # fmt: skip
 
 
 def tandem_config(*args: str):

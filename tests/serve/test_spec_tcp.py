@@ -13,9 +13,15 @@ from tandem.config import SamplingConfig
 from tandem.errors import TandemError
 from tandem.protocols.local import generate
 from tandem.protocols.spec import SpecConfig
-from tandem.serve.cloud import CloudResources, CloudServer, cloud_transport
-from tandem.serve.device import device_transport, run_generation
-from tandem.transport import AuthenticationFailed, ConnectError, FingerprintMismatch, LinkConfig
+from tandem.serve.cloud import CloudResources, CloudServer
+from tandem.serve.device import run_generation
+from tandem.transport import (
+    AuthenticationFailed,
+    ConnectError,
+    FingerprintMismatch,
+    LinkConfig,
+    TransportConfig,
+)
 
 N = 20
 SECRET = b"loopback-secret"
@@ -35,7 +41,9 @@ async def with_cloud(lm, body, *, modes=None, secret=SECRET, link=None):
     """Start a cloud on 127.0.0.1:<any>, run body(port), close."""
     cloud = CloudServer(CloudResources(lm=lm), modes=modes)
     server = await cloud.start(
-        "127.0.0.1", 0, transport=cloud_transport(lm, secret=secret, link=link)
+        "127.0.0.1",
+        0,
+        transport=TransportConfig.for_model(lm, role="cloud", secret=secret, link=link),
     )
     try:
         return await body(server.port), cloud
@@ -45,7 +53,7 @@ async def with_cloud(lm, body, *, modes=None, secret=SECRET, link=None):
 
 def run_mode(device_lm, cloud_lm, prompt, mode, config, *, secret=SECRET, modes=None, link=None):
     async def body(port):
-        transport = device_transport(device_lm, secret=secret, link=link)
+        transport = TransportConfig.for_model(device_lm, role="device", secret=secret, link=link)
         return await run_generation(
             mode, lm=device_lm, prompt_ids=prompt, config=config, port=port, transport=transport
         )
@@ -93,7 +101,10 @@ def test_another_tokenizer_is_refused(tiny_lm, tiny_lm_b, prompt):
     from dataclasses import replace
 
     async def body(port):
-        transport = replace(device_transport(tiny_lm, secret=SECRET), tokenizer_hash="0" * 64)
+        transport = replace(
+            TransportConfig.for_model(tiny_lm, role="device", secret=SECRET),
+            tokenizer_hash="0" * 64,
+        )
         return await run_generation(
             "spec", lm=tiny_lm, prompt_ids=prompt, config=SpecConfig(), port=port,
             transport=transport,
@@ -108,7 +119,7 @@ def test_unreachable_cloud_is_one_line(tiny_lm, prompt):
     async def main():
         return await run_generation(
             "spec", lm=tiny_lm, prompt_ids=prompt, config=SpecConfig(), port=1,
-            transport=device_transport(tiny_lm, secret=SECRET),
+            transport=TransportConfig.for_model(tiny_lm, role="device", secret=SECRET),
         )  # fmt: skip
 
     with pytest.raises(ConnectError) as info:

@@ -25,8 +25,10 @@ from pathlib import Path
 import torch
 
 from tandem.models.base import CausalLM, State
-from tandem.protocols.dragon.config import DragonConfig, position_generator
+from tandem.protocols.decoding import decode_steps
+from tandem.protocols.dragon.config import DragonConfig
 from tandem.protocols.dragon.prompt import RagPrompt
+from tandem.sampling.seeds import position_generator
 
 OnStep = Callable[[int], None]
 
@@ -89,14 +91,15 @@ def generate(
     """Decode one row from a prefilled state until length or EOS; `on_step(token)` each."""
     eos = lm.tokenizer.eos_token_id if config.stop_at_eos else None
     tokens: list[int] = []
-    while True:
-        token = next_token(state.logits[0], config, len(tokens))
+
+    def draw(logits: torch.Tensor, position: int) -> int:
+        return next_token(logits, config, position)
+
+    for token in decode_steps(lm, state, draw, max_new_tokens=config.max_new_tokens, eos=eos):
         tokens.append(token)
         if on_step is not None:
             on_step(token)
-        if len(tokens) >= config.max_new_tokens or token == eos:
-            return tokens
-        lm.decode(state, [token])
+    return tokens
 
 
 def block_state(lm: CausalLM, ids: list[int], kv_store=None) -> State:

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tandem.protocols.dragon.config import CLOUD, DEVICE, position_generator
+from tandem.protocols.dragon.config import CLOUD, DEVICE
 from tandem.protocols.dragon.queues import Draft
 from tandem.sampling.aggregation import acceptance_rates, speculative_aggregate
+from tandem.sampling.seeds import position_generator
 
 
 @dataclass(frozen=True)

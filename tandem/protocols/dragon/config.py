@@ -16,15 +16,13 @@ sides run with the same ones.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import asdict, dataclass, field, fields
-
-import torch
 
 from tandem.errors import TandemError
 
 DEVICE, CLOUD = "device", "cloud"
+ROWS = ("documents", "side")
 SIDES = (DEVICE, CLOUD)
 STRATEGIES = ("dragon", "device", "cloud", "random")
 SCORERS = ("embedding", "bm25", "static")
@@ -43,6 +41,10 @@ class DragonConfig:
     seed: int = 0
     stop_at_eos: bool = True
     docs_per_side: int = 2  # top-k documents each side retrieves from its own corpus
+    # "documents": one row per document, mixed by relevance (the paper's per-document
+    # aggregation); "side": one row per side holding all its documents (ours: one decode row
+    # per side instead of k; the side's weight is still logsumexp of its relevance logits)
+    rows: str = "documents"
     codec: str = "top-p"  # tandem.codecs name for the draft distributions (paper: top-p 0.8)
     codec_params: dict[str, float] = field(default_factory=lambda: {"p": 0.8})
     strategy: str = "dragon"
@@ -63,6 +65,7 @@ class DragonConfig:
             (self.max_new_tokens >= 1, "max_new_tokens must be >= 1"),
             (self.temperature >= 0, "temperature must be >= 0"),
             (self.docs_per_side >= 0, "docs_per_side must be >= 0"),
+            (self.rows in ROWS, f"rows must be one of {', '.join(ROWS)}"),
             (self.strategy in STRATEGIES, f"strategy must be one of {', '.join(STRATEGIES)}"),
             (self.scorer in SCORERS, f"scorer must be one of {', '.join(SCORERS)}"),
             (self.lookahead >= 1, "lookahead must be >= 1"),
@@ -99,13 +102,3 @@ class DragonConfig:
 
     def dumps(self) -> bytes:
         return json.dumps(self.to_json(), sort_keys=True).encode()
-
-
-def position_seed(seed: int, purpose: str, position: int) -> int:
-    """A 63-bit seed for one draw: `purpose` is a side name (drafts) or "aggregate"."""
-    digest = hashlib.blake2b(f"{seed}:{purpose}:{position}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
-
-
-def position_generator(seed: int, purpose: str, position: int) -> torch.Generator:
-    return torch.Generator().manual_seed(position_seed(seed, purpose, position))

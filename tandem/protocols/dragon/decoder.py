@@ -146,6 +146,24 @@ def side_law(
     )
 
 
+def joined_side_law(
+    logits: torch.Tensor,  # [1, vocab]: the one row that holds every document
+    scores: np.ndarray,  # [docs] relevance logits
+    temperature: float,
+) -> SideLaw:
+    """The side law when one row holds all the side's documents (`rows="side"`): that row's
+    law, and the side logweight h = logsumexp(R) as with one row per document, so the
+    aggregation across sides weighs the sides exactly as the per-document form does."""
+    assert logits.dim() == 2 and logits.shape[0] == 1, logits.shape
+    relevance = torch.from_numpy(np.asarray(scores, dtype=np.float32))  # [docs]
+    one = side_law(logits, np.array([float(side_logweight(relevance.double()))]), temperature)
+    return SideLaw(
+        probs=one.probs,
+        logweight=one.logweight,
+        doc_weights=torch.softmax(relevance.double(), dim=0).numpy(),
+    )
+
+
 class DocDecoder:
     """KV state of one side's document rows, kept in step with a list of generated tokens."""
 
@@ -159,7 +177,11 @@ class DocDecoder:
         temperature: float,
         kv_store=None,  # tandem.retrieval.kvstore.DocKVStore or None
     ):
-        assert prefixes and relevance.num_docs == len(prefixes), (len(prefixes), relevance.num_docs)
+        # one row per document, or one row holding them all (DragonConfig.rows == "side")
+        assert prefixes and len(prefixes) in (1, relevance.num_docs), (
+            len(prefixes),
+            relevance.num_docs,
+        )
         self.lm = lm
         self.prefixes = prefixes
         self.suffix = suffix
@@ -258,6 +280,9 @@ class DocDecoder:
         began = time.perf_counter()
         scores = self.relevance.scores(self.tokens)
         began = self._clock("relevance", began)
-        law = side_law(self.state.logits, scores, self.temperature)
+        if self.num_rows == len(scores):
+            law = side_law(self.state.logits, scores, self.temperature)
+        else:  # one row holds every document: its law, weighted by all documents' relevance
+            law = joined_side_law(self.state.logits, scores, self.temperature)
         self._clock("law", began)
         return law

@@ -99,10 +99,12 @@ def build_decoder(
     prefixes = [prompt.doc_prefix(lm.tokenizer, d.text) for d in docs] or [
         prompt.doc_prefix(lm.tokenizer, None)
     ]
+    if config.rows == "side" and len(docs) > 1:  # one row holding every document, in order
+        prefixes = [prompt.doc_prefix(lm.tokenizer, "\n".join(d.text for d in docs))]
     scorer = make_scorer(config.scorer, knowledge, docs, config.relevance_temperature)
     static = np.array([d.score / config.relevance_temperature for d in docs] or [0.0], np.float32)
     relevance = RelevanceSchedule(
-        num_docs=len(prefixes),
+        num_docs=max(len(docs), 1),
         query=question,
         detokenize=lm.tokenizer.decode,
         scorer=scorer,

@@ -23,8 +23,8 @@ import torch
 
 from tandem.codecs import Codec
 from tandem.codecs import draft as codec_draft
-from tandem.protocols.dragon.config import position_generator
 from tandem.protocols.dragon.decoder import SideLaw
+from tandem.sampling.seeds import position_generator
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,8 @@ import math
 import random
 from dataclasses import dataclass
 
-from tandem.protocols.dragon.config import CLOUD, DEVICE, STRATEGIES, peer_of, position_seed
+from tandem.protocols.dragon.config import CLOUD, DEVICE, STRATEGIES, peer_of
+from tandem.sampling.seeds import position_seed
 
 
 def expected_latency(

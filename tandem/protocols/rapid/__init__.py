@@ -14,7 +14,7 @@ Modules, bottom up:
 - `tasks`: the offline long-context task set from the stdlib docs;
 - `runner`: what `tandem rapid ...` calls.
 Baselines (LC, RAG, SD, StreamingLLM drafter) are in `tandem.baselines.rapid_baselines`;
-the benchmark in `tandem.bench.rapid`; the output law of each mode in docs/rapid.md.
+the benchmark in `benchmarks.rapid`; the output law of each mode in docs/rapid.md.
 """
 
 from tandem.protocols.rapid.config import RapidConfig, RetrievalConfig

@@ -177,25 +177,43 @@ def _config_from(settings: dict) -> tuple[RapidConfig, Codec]:
     return config, make_codec(settings["codec"], **settings.get("codec_params", {}))
 
 
-async def cloud_session(channel: Channel, target_lm: CausalLM, context: str) -> None:
-    """The cloud side of RAPID sessions on one channel: the target reads `context` in full."""
+def is_open(msg: object) -> bool:
+    """Whether `msg` opens a RAPID generation (seq 0, with its settings and question): how a
+    cloud serving several modes recognises a RAPID session's first message."""
+    return (
+        isinstance(msg, VerifyRequest)
+        and msg.seq == 0
+        and "settings" in msg.arrays
+        and "question" in msg.arrays
+    )
+
+
+async def cloud_session(
+    channel: Channel, target_lm: CausalLM, context: str, *, first: VerifyRequest | None = None
+) -> dict:
+    """The cloud side of RAPID sessions on one channel: the target reads `context` in full.
+    `first`: a message already read from the channel (a multi-mode server's dispatcher reads
+    it). Returns the session's counts (generations opened, verify rounds, drafts verified and
+    accepted, tokens emitted) when the device closes the channel."""
     verifier: TargetVerifier | None = None
     codec: Codec | None = None
     generator = torch.Generator()
-    async for msg in channel:
-        if not isinstance(msg, VerifyRequest):
-            continue
+    stats = {"generations": 0, "rounds": 0, "drafts_verified": 0, "drafts_accepted": 0, "tokens": 0}
+
+    async def handle(msg: VerifyRequest) -> None:
+        nonlocal verifier, codec
         if msg.seq == 0:  # open (or re-open) a generation
             try:
                 config, codec = _config_from(json.loads(_array_text(msg.arrays["settings"])))
                 question = _array_text(msg.arrays["question"])
             except (KeyError, ValueError, TypeError, TandemError) as exc:
                 await channel.send(Error(code="rapid-open", message=str(exc).splitlines()[0]))
-                continue
+                return
             ids = target_prompt(target_lm.tokenizer, context, question)
             target_side = await asyncio.to_thread(Prefilled, target_lm, ids)
             verifier = TargetVerifier(target_lm, target_side.fresh(), make_rule(config))
             generator.manual_seed(config.seed + 1)
+            stats["generations"] += 1
             await channel.send(
                 VerifyResult(
                     seq=0,
@@ -205,16 +223,20 @@ async def cloud_session(channel: Channel, target_lm: CausalLM, context: str) -> 
                     arrays={"prompt_tokens": np.array([len(ids)], dtype=np.int64)},
                 )
             )
-            continue
+            return
         if verifier is None or codec is None or msg.codec != codec.name:
             await channel.send(Error(code="rapid-state", message="verify before open, or codec"))
-            continue
+            return
         vocab = target_lm.vocab_size
         payloads = list(msg.distributions)
         if "bonus" in msg.arrays:  # the drafter's law at the bonus position (exact mode)
             payloads.append(msg.arrays["bonus"].astype(np.uint8).tobytes())
         draft_probs = torch.stack([codec.decode(p, vocab) for p in payloads])
         verdict = await asyncio.to_thread(verifier.verify, list(msg.tokens), draft_probs, generator)
+        stats["rounds"] += 1
+        stats["drafts_verified"] += len(msg.tokens)
+        stats["drafts_accepted"] += verdict.num_accepted
+        stats["tokens"] += verdict.num_accepted + 1
         await channel.send(
             VerifyResult(
                 seq=msg.seq,
@@ -223,6 +245,13 @@ async def cloud_session(channel: Channel, target_lm: CausalLM, context: str) -> 
                 next_token=verdict.next_token,
             )
         )
+
+    if first is not None:
+        await handle(first)
+    async for msg in channel:
+        if isinstance(msg, VerifyRequest):
+            await handle(msg)
+    return stats
 
 
 def cloud_handler(target_lm: CausalLM, context: str) -> Callable[[Channel], Awaitable[None]]:

@@ -23,6 +23,7 @@ import torch
 from tandem.codecs import Codec
 from tandem.errors import TandemError
 from tandem.models.base import CausalLM, State
+from tandem.protocols.decoding import decode_steps, stream_draw
 from tandem.protocols.rapid.config import RapidConfig, RetrievalConfig
 from tandem.protocols.rapid.drafter import Drafter, ModelDrafter
 from tandem.protocols.rapid.prompts import drafter_prompt, target_prompt
@@ -30,7 +31,6 @@ from tandem.protocols.rapid.retrieval import RetrievedContext, retrieve
 from tandem.protocols.rapid.states import Prefilled
 from tandem.protocols.rapid.target import PlainRule, RapidRule, Rule, TargetVerifier
 from tandem.retrieval.embedder import Embedder
-from tandem.sampling.warp import sample, warp
 
 
 @dataclass
@@ -134,16 +134,9 @@ def autoregressive(
     eos: int | None,
 ) -> RapidResult:
     """Plain decoding from a prefilled state (the LC and RAG baselines)."""
-    generator = torch.Generator().manual_seed(seed + 1)
-    tokens: list[int] = []
-    logits = state.logits[0]
+    draw = stream_draw(seed + 1, temperature=temperature)
     start = time.perf_counter()
-    for step in range(max_new_tokens):
-        token = int(sample(warp(logits, temperature=temperature), generator))
-        tokens.append(token)
-        if token == eos or step + 1 == max_new_tokens:
-            break
-        logits = lm.decode(state, [token])[0, -1]
+    tokens = list(decode_steps(lm, state, draw, max_new_tokens=max_new_tokens, eos=eos))
     decode_s = time.perf_counter() - start
     tokens, finish = _finish(tokens, eos, max_new_tokens)
     return RapidResult(

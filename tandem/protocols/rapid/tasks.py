@@ -1,5 +1,8 @@
 """An offline long-context task set built deterministically from the stdlib docstring corpus.
 
+Why one file: the builders and the scoring are one unit; each task's reference answer and
+its check follow from how the task was cut from the corpus.
+
 How a task is built (nothing is downloaded, nothing is random):
 1. The corpus is `tandem.retrieval.stdlib.stdlib_documents()`: one document per documented
    public module, class, function and method of the local Python's standard library (so the

@@ -28,10 +28,7 @@ The device chooses the settings and sends them in its start message, so both sid
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import asdict, dataclass, field, fields
-
-import torch
 
 from tandem.errors import TandemError
 from tandem.sampling.rapid import TAIL_RULES
@@ -142,9 +139,3 @@ class SpecConfig:
         if unknown:
             raise TandemError(f"spec: unknown settings {', '.join(sorted(unknown))}")
         return cls(**data)
-
-
-def position_generator(seed: int, purpose: str, position: int) -> torch.Generator:
-    """A generator for one draw: purpose "draft", "verify" or "resample" at `position`."""
-    digest = hashlib.blake2b(f"{seed}:{purpose}:{position}".encode(), digest_size=8).digest()
-    return torch.Generator().manual_seed(int.from_bytes(digest, "little") >> 1)

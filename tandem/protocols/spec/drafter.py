@@ -28,9 +28,10 @@ from tandem.codecs import Codec, TopKCodec, make_codec, sample_token
 from tandem.codecs import draft as qs_draft
 from tandem.errors import TandemError
 from tandem.models.base import CausalLM
-from tandem.protocols.spec.config import SpecConfig, position_generator
+from tandem.protocols.spec.config import SpecConfig
 from tandem.protocols.spec.context import LMContext
 from tandem.protocols.spec.separate import device_residual
+from tandem.sampling.seeds import position_generator
 from tandem.sampling.warp import warp
 
 

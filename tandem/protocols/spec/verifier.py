@@ -14,7 +14,7 @@ With `config.eta > 0` every draft position is verified against RAPID's augmented
 
 `verify(request)` runs one forward pass of the target over fixed + drafts (preemptible through
 `cancel`), then verifies position by position with `tandem.sampling.speculative.verify`, each
-position with its own generator (config.position_generator), and rolls the cache back to the
+position with its own generator (tandem.sampling.seeds.position_generator), and rolls the cache back to the
 committed tokens. Requests that arrive for an old epoch or another position are stale
 (`accepts` is False) and are dropped by the caller.
 """
@@ -29,9 +29,10 @@ import torch
 
 from tandem.codecs import TopKCodec, sample_token
 from tandem.models.base import CausalLM
-from tandem.protocols.spec.config import SpecConfig, position_generator
+from tandem.protocols.spec.config import SpecConfig
 from tandem.protocols.spec.context import LMContext
 from tandem.sampling.rapid import augmented_from_probs
+from tandem.sampling.seeds import position_generator
 from tandem.sampling.speculative import verify
 from tandem.sampling.warp import warp
 

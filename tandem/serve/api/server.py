@@ -64,11 +64,11 @@ def check_exposure(listen: str, api_key: str | None) -> None:
 def device_transport_for(lm, settings: DeviceServeSettings, secret):
     """The TransportConfig of every session with the cloud (short timeouts: a dead cloud is
     noticed within seconds and the device carries on alone)."""
-    from tandem.serve.device import device_transport
-    from tandem.transport import LinkConfig
+    from tandem.transport import LinkConfig, TransportConfig
 
-    return device_transport(
+    return TransportConfig.for_model(
         lm,
+        role="device",
         secret=secret,
         link=LinkConfig(delay_ms=settings.delay) if settings.delay else None,
         connect_timeout=settings.connect_timeout,

@@ -220,8 +220,8 @@ def test_dragon_mode_of_the_multi_mode_cloud_server(tiny_lm, tiny_lm_b, corpora)
     """`tandem cloud serve --corpus ...` path: the registry dispatches a DRAGON start."""
     from tandem.protocols.dragon import connect_device
     from tandem.protocols.dragon.setup import SideSetup
-    from tandem.serve.cloud import CloudResources, CloudServer, cloud_transport
-    from tandem.serve.device import device_transport
+    from tandem.serve.cloud import CloudResources, CloudServer
+    from tandem.transport import TransportConfig
 
     cfg = config(max_new_tokens=8)
     expected = central(tiny_lm, tiny_lm_b, corpora, cfg).greedy()
@@ -230,10 +230,12 @@ def test_dragon_mode_of_the_multi_mode_cloud_server(tiny_lm, tiny_lm_b, corpora)
 
     async def main():
         cloud = CloudServer(resources, modes=["spec", "dragon"])
-        server = await cloud.start("127.0.0.1", 0, transport=cloud_transport(tiny_lm_b, secret="k"))
+        server = await cloud.start(
+            "127.0.0.1", 0, transport=TransportConfig.for_model(tiny_lm_b, role="cloud", secret="k")
+        )
         try:
             return await connect_device(
-                "127.0.0.1", server.port, transport=device_transport(tiny_lm, secret="k"),
+                "127.0.0.1", server.port, transport=TransportConfig.for_model(tiny_lm, role="device", secret="k"),
                 lm=tiny_lm, knowledge=corpora[0], question=QUESTION, config=cfg,
             )  # fmt: skip
         finally:
@@ -246,17 +248,19 @@ def test_dragon_mode_of_the_multi_mode_cloud_server(tiny_lm, tiny_lm_b, corpora)
 
 def test_a_cloud_without_dragon_degrades_instead_of_hanging(tiny_lm, tiny_lm_b, corpora):
     from tandem.protocols.dragon import connect_device
-    from tandem.serve.cloud import CloudResources, CloudServer, cloud_transport
-    from tandem.serve.device import device_transport
+    from tandem.serve.cloud import CloudResources, CloudServer
+    from tandem.transport import TransportConfig
 
     async def main():
         cloud = CloudServer(CloudResources(lm=tiny_lm_b), modes=["spec"])
         server = await cloud.start(
-            "127.0.0.1", 0, transport=cloud_transport(tiny_lm_b, secret=None)
+            "127.0.0.1",
+            0,
+            transport=TransportConfig.for_model(tiny_lm_b, role="cloud", secret=None),
         )
         try:
             return await connect_device(
-                "127.0.0.1", server.port, transport=device_transport(tiny_lm, secret=None),
+                "127.0.0.1", server.port, transport=TransportConfig.for_model(tiny_lm, role="device", secret=None),
                 lm=tiny_lm, knowledge=corpora[0], question=QUESTION, config=config(max_new_tokens=5),
             )  # fmt: skip
         finally:
@@ -277,3 +281,42 @@ def test_lookahead_one_is_token_wise_synchronisation(tiny_lm, tiny_lm_b, corpora
     for report in (device, cloud):
         assert report.drafts_made == len(expected)
         assert report.decodes_cancelled == 0 and sum(report.drafts_dropped.values()) == 0
+
+
+# DragonConfig.rows = "side" (ours, not the paper's): one decode row per side holding all its
+# documents instead of one row per document.
+
+
+def test_one_row_per_side_holds_every_document_and_keeps_the_side_weight(corpora, tiny_lm):
+    import numpy as np
+    from scipy.special import logsumexp
+
+    per_doc, docs = build_decoder(tiny_lm, corpora[0], QUESTION, config())
+    joined, same_docs = build_decoder(tiny_lm, corpora[0], QUESTION, config(rows="side"))
+    assert len(docs) > 1 and [d.doc_id for d in same_docs] == [d.doc_id for d in docs]
+    assert per_doc.num_rows == len(docs) and joined.num_rows == 1
+    for doc in docs:  # every document's text is in the one row's prompt
+        assert tiny_lm.tokenizer.decode(joined.prefixes[0]).count(doc.text.strip()[:40]) == 1
+    per_doc.prefill(), joined.prefill()
+    a, b = per_doc.law(), joined.law()
+    scores = per_doc.relevance.scores([])
+    assert b.logweight == pytest.approx(a.logweight) == pytest.approx(float(logsumexp(scores)))
+    np.testing.assert_allclose(b.doc_weights, a.doc_weights)
+    expected = torch.softmax(joined.state.logits[0].float(), dim=-1)  # T = 0: untempered
+    torch.testing.assert_close(b.probs, expected)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_one_row_per_side_equals_its_central_reference(tiny_lm, tiny_lm_b, corpora, temperature):
+    cfg = config(rows="side", temperature=temperature, seed=5)
+    pair = central(tiny_lm, tiny_lm_b, corpora, cfg)
+    expected = pair.greedy() if temperature == 0 else pair.sampled()
+    device, cloud = dragon(tiny_lm, tiny_lm_b, corpora, cfg, link=LINK)
+    assert device.tokens == expected and cloud.tokens == expected
+
+
+def test_rows_must_be_documents_or_side():
+    from tandem.errors import TandemError
+
+    with pytest.raises(TandemError, match="rows must be one of documents, side"):
+        config(rows="pages")

@@ -11,11 +11,11 @@ from tandem.protocols.spec.planner import MARGIN, Controller, Costs, best, throu
 
 PAPER = Costs.from_points(t_draft=0.024, t_ar=0.072, t_block=0.087, block=4, rtt=0.1)
 # this machine, each side on its own core, as the eager probe measured it
-# (bench/results/humaneval_eager_probe.json, RTT 0, load 2.4-4.7): 1.5B AR 127-170 ms per
+# (benchmarks/results/humaneval_eager_probe.json, RTT 0, load 2.4-4.7): 1.5B AR 127-170 ms per
 # token, eager verify passes 840-1200 ms, 0.5B draft step 71-212 ms; representative values:
 # AR 145 ms, a pass over 3 drafts 680 ms, a draft step 170 ms (slower than the cloud's AR)
 CPU = Costs.from_points(t_draft=0.17, t_ar=0.145, t_block=0.68, block=3, rtt=0.0)
-# the same machine as bench/results/humaneval.json measured it under other load: AR 173 ms,
+# the same machine as benchmarks/results/humaneval.json measured it under other load: AR 173 ms,
 # a stop-and-wait pass over 5 tokens 590 ms, a draft step 100 ms
 CPU_HUMANEVAL = Costs.from_points(t_draft=0.10, t_ar=0.173, t_block=0.59, block=5, rtt=0.0)
 

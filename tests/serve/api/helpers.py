@@ -9,8 +9,9 @@ import threading
 from tandem.config import SamplingConfig
 from tandem.protocols.local import generate
 from tandem.serve.api.server import ServerThread, build_app, build_backend
-from tandem.serve.cloud import CloudResources, CloudServer, cloud_transport
+from tandem.serve.cloud import CloudResources, CloudServer
 from tandem.serve.settings import DeviceServeSettings
+from tandem.transport import TransportConfig
 
 SECRET = b"api-secret"
 
@@ -34,7 +35,7 @@ class CloudThread:
         if self.dragon is not None:
             resources.extra["dragon"] = self.dragon
         cloud = CloudServer(resources, modes=["spec", "ar", "dragon", "private-spec"])
-        transport = cloud_transport(self.lm, secret=SECRET, link=self.link)
+        transport = TransportConfig.for_model(self.lm, role="cloud", secret=SECRET, link=self.link)
         return await cloud.start("127.0.0.1", port, transport=transport)
 
     @property
@@ -61,7 +62,7 @@ class RapidCloudThread:
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         start = serve(cloud_handler(lm, context), "127.0.0.1", 0,
-                      config=cloud_transport(lm, secret=SECRET))  # fmt: skip
+                      config=TransportConfig.for_model(lm, role="cloud", secret=SECRET))  # fmt: skip
         self.server = asyncio.run_coroutine_threadsafe(start, self.loop).result(30)
         self.port = self.server.port
 

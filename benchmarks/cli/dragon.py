@@ -1,0 +1,77 @@
+"""`tandem bench dragon ...`: DRAGON's network figures (Fig. 6 + Theorem 6.2, Fig. 7)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from benchmarks import RESULTS
+from tandem.testbed.options import CLOUD_CPUS, DEVICE_CPUS, role_cpus
+
+app = typer.Typer(no_args_is_help=True)
+
+OUT = typer.Option(RESULTS, "--out", help="Folder for the JSON and PNG results.")
+QUICK = typer.Option(False, "--quick", help="Tiny scale: 2 delays, 1 question, 8 tokens.")
+MODEL = typer.Option("qwen2.5-coder-0.5b", "--model", help="Model of both sides.")
+DELAYS = typer.Option(None, "--delay", help="Extra one-way delays in ms (repeatable).")
+PUBLIC = typer.Option("stdlib", "--public", help="Cloud corpus: stdlib, a folder or an index.")
+PRIVATE = typer.Option(None, "--private", help="Device corpus (default examples/private-notes).")
+
+
+@app.command("latency")
+def latency(
+    quick: bool = QUICK,
+    model: str = MODEL,
+    delays: list[float] = DELAYS,
+    tokens: int = typer.Option(0, "--tokens", help="New tokens per run (0: 64, quick 8)."),
+    questions: int = typer.Option(0, "--questions", help="How many questions (0: all)."),
+    methods: list[str] = typer.Option(
+        None,
+        "--method",
+        help="Methods (repeat; default all but dragon-side): crcg-device, crcg-cloud, "
+        "drcg-text, drcg-kv, drdg-sw, drdg-tw, dragon, dragon-side (ours: one row per side).",
+    ),  # fmt: skip
+    public: str = PUBLIC,
+    private: str = PRIVATE,
+    device_cpus: str = DEVICE_CPUS,
+    cloud_cpus: str = CLOUD_CPUS,
+    out: Path = OUT,
+) -> None:
+    """Per-token latency vs network latency (Fig. 6) and Theorem 6.2, device and cloud as
+    processes in the emulated network, each on its own cores."""
+    from benchmarks.dragon_latency import EXTRA_METHODS, METHODS, run
+    from tandem.errors import TandemError
+
+    known = METHODS + EXTRA_METHODS
+    unknown = sorted(set(methods or ()) - set(known))
+    if unknown:
+        raise TandemError(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(known)}")
+    run(
+        out=out, quick=quick, model=model, delays=tuple(delays or ()) or None, tokens=tokens or None,
+        questions=questions or None, public=public, private=private,
+        methods=tuple(m for m in known if m in methods) if methods else METHODS,
+        cpus=role_cpus(device_cpus, cloud_cpus),
+    )  # fmt: skip
+
+
+@app.command("ttft")
+def ttft(
+    quick: bool = QUICK,
+    model: str = MODEL,
+    delays: list[float] = DELAYS,
+    questions: int = typer.Option(0, "--questions", help="How many questions (0: all)."),
+    public: str = PUBLIC,
+    private: str = PRIVATE,
+    device_cpus: str = DEVICE_CPUS,
+    cloud_cpus: str = CLOUD_CPUS,
+    out: Path = OUT,
+) -> None:
+    """Time to first token vs network latency (Fig. 7), with the DRCG document transfers."""
+    from benchmarks.dragon_ttft import run
+
+    run(
+        out=out, quick=quick, model=model, delays=tuple(delays or ()) or None,
+        questions=questions or None, public=public, private=private,
+        cpus=role_cpus(device_cpus, cloud_cpus),
+    )  # fmt: skip

@@ -1,0 +1,110 @@
+"""`tandem bench dragon perplexity|scheduling`: DRAGON paper Fig. 5 and Fig. 8.
+
+Plain functions with typer options; `benchmarks.cli` registers them on its `dragon` group.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from benchmarks import RESULTS
+from tandem.errors import TandemError
+from tandem.testbed.options import CLOUD_CPUS, DEVICE_CPUS, role_cpus
+
+OUT = typer.Option(RESULTS, "--out", help="Folder for the JSON and PNG results.")
+TRACES_FILE = "dragon_sched.traces.json"
+
+
+def perplexity(
+    model: str = typer.Option("qwen2.5-coder-0.5b", "--model", help="Model name or path."),
+    ks: list[int] = typer.Option([0, 1, 2, 4, 8], "--k", help="Documents per side (repeat)."),
+    passages: int = typer.Option(12, "--passages", min=1, help="Held-out stdlib windows."),
+    prefix_tokens: int = typer.Option(64, "--prefix-tokens", min=1, help="Query / prefix."),
+    scored_tokens: int = typer.Option(32, "--scored-tokens", min=2, help="Scored continuation."),
+    doc_tokens: int = typer.Option(64, "--doc-tokens", min=1, help="Tokens per document."),
+    split: str = typer.Option("rank", "--split", help="rank (paper Sec. 7.2) or module."),
+    quick: bool = typer.Option(False, "--quick", help="3 passages, k in 0,1,2 (~1 min)."),
+    out: Path = OUT,
+) -> None:
+    """Fig. 5: perplexity vs retrieved documents per side (no retrieval, CRCG, DRCG, DRAGON)."""
+    import torch
+
+    from benchmarks.dragon_quality import SPLITS, QualityConfig, run
+
+    if split not in SPLITS:
+        raise TandemError(f"--split must be one of {', '.join(SPLITS)}")
+    if any(k < 0 for k in ks):
+        raise TandemError("--k values must be >= 0")
+    torch.set_num_threads(1)
+    ks = sorted({0, *ks})
+    if quick:
+        passages, ks = min(passages, 3), [k for k in ks if k <= 2] or [0, 1]
+    config = QualityConfig(
+        ks=tuple(ks), passages=passages, prefix_tokens=prefix_tokens,
+        scored_tokens=scored_tokens, doc_tokens=doc_tokens, split=split,
+    )  # fmt: skip
+    run(model=model, out=out, config=config)
+
+
+def scheduling(
+    recording: Path = typer.Option(
+        None, "--recording", help=f"Recorded traces (default: OUT/{TRACES_FILE} if present)."
+    ),
+    record_new: bool = typer.Option(False, "--record", help="Record new traces first."),
+    model: str = typer.Option("qwen2.5-coder-0.5b", "--model", help="Device model."),
+    cloud_model: str = typer.Option("", "--cloud-model", help="Cloud model (default: --model)."),
+    record_tokens: int = typer.Option(64, "--record-tokens", min=8, help="Tokens per run."),
+    temperature: float = typer.Option(0.7, "--temperature", min=0.0, help="0 = greedy."),
+    traces: int = typer.Option(50, "--traces", min=1, help="Bootstrapped traces."),
+    tokens: int = typer.Option(100, "--tokens", min=1, help="Tokens per simulated generation."),
+    acceptance_ema: float = typer.Option(
+        0.3, "--acceptance-ema", min=0.01, max=1.0, help="Scheduler's acceptance smoothing."
+    ),
+    switch_margin: float = typer.Option(
+        0.0, "--switch-margin", min=0.0, help="Scheduler: switch only when better by this (s)."
+    ),
+    name: str = typer.Option("dragon_sched", "--name", help="Result file name (no suffix)."),
+    quick: bool = typer.Option(False, "--quick", help="Tiny models, 10 traces (~1 min)."),
+    device_cpus: str = DEVICE_CPUS,
+    cloud_cpus: str = CLOUD_CPUS,
+    out: Path = OUT,
+) -> None:
+    """Fig. 8: Cloud / Device / Random / DRAGON scheduling, replayed under a jittery RTT (the
+    recording runs each side's model on its own cores)."""
+    import torch
+
+    from benchmarks.dragon_sched import QUESTIONS, SchedConfig, record, run
+
+    torch.set_num_threads(1)
+    config = SchedConfig(
+        traces=traces, tokens=tokens, acceptance_ema=acceptance_ema, switch_margin_s=switch_margin
+    )
+    questions = QUESTIONS
+    if quick:
+        model, cloud_model = "tiny-qwen2", "tiny-qwen2-b"
+        record_new, record_tokens, questions = True, 32, QUESTIONS[:2]
+        config = SchedConfig(
+            traces=min(traces, 10), tokens=min(tokens, 50), extras_s=(0.0, 0.2),
+            acceptance_ema=acceptance_ema, switch_margin_s=switch_margin,
+        )  # fmt: skip
+    path = recording or out / TRACES_FILE
+    cpus = role_cpus(device_cpus, cloud_cpus)
+    if record_new or not path.is_file():
+        data = record(
+            model=model, cloud_model=cloud_model or model, tokens=record_tokens,
+            temperature=temperature, questions=questions, cpus=cpus,
+        )  # fmt: skip
+        if not quick:  # a quick run never replaces recorded real traces
+            out.mkdir(parents=True, exist_ok=True)
+            (out / TRACES_FILE).write_text(json.dumps(data) + "\n")
+    else:
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise TandemError(f"cannot read the recording {path}: {exc}") from exc
+    if max(len(r["accepted"]["device"]) for r in data["runs"]) < config.block:
+        raise TandemError(f"every recorded run is shorter than {config.block} positions")
+    run(recording=data, config=config, out=out, name=name)

@@ -1,0 +1,39 @@
+"""`tandem bench spec-paper`: every exact method on PicoSpec's hardware, EMULATED, driven by
+the acceptance traces recorded on HumanEval (benchmarks/spec_paper.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from benchmarks import RESULTS
+
+
+def spec_paper(
+    rtt: list[float] = typer.Option([100, 200], "--rtt", help="Round-trip times (ms)."),
+    sweep: list[float] = typer.Option(
+        [0.7, 0.8], "--sweep", help="Agreement of the iid traces run beside HumanEval's."
+    ),
+    problems: int = typer.Option(None, "--problems", help="HumanEval traces to use (default all)."),
+    sweep_problems: int = typer.Option(2, "--sweep-problems", min=1),
+    max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n", min=1),
+    humaneval: Path = typer.Option(
+        RESULTS / "humaneval.json", "--traces", help="tandem bench humaneval's JSON."
+    ),
+    name: str = typer.Option("spec_paper", "--name", help="Result file name (no extension)."),
+    out: Path = typer.Option(RESULTS, "--out", help="Folder for JSON and PNG."),
+) -> None:
+    """Cloud AR, stop-and-wait, PicoSpec, eager and the adaptive controller side by side."""
+    from benchmarks.spec_paper import run
+
+    run(
+        out=out,
+        humaneval=humaneval,
+        rtts=tuple(rtt),
+        sweep=tuple(sweep),
+        problems=problems,
+        sweep_problems=sweep_problems,
+        max_new_tokens=max_new_tokens,
+        name=name,
+    )

@@ -1,0 +1,349 @@
+"""`tandem bench dragon latency`: DRAGON paper Fig. 6 (per-token latency vs extra network
+latency) and Theorem 6.2 (predicted vs measured speedup over DRDG/TW).
+
+Setup (`tandem.baselines.dragon.testbed`): device and cloud are two processes in the
+project's network namespaces, each pinned to its own cores (`--device-cpus`, `--cloud-cpus`;
+default device = core 0, cloud = core 1 on a 2-core box) with one engine thread per core
+(the JSON's `machines`), the same model on both sides (the paper uses one model on both), the demo's corpora (device: examples/private-notes, cloud:
+stdlib docstrings), top-2 documents per side, greedy, fixed output length (no EOS stop).
+For each extra one-way delay d (jitter d / 5, each direction, so RTT gains 2d) every method
+(all baselines: CRCG, DRCG, DRDG and DRAGON) runs on every question, side by side; one short
+warm-up run per method is discarded. Each run records the 1-minute load average before it;
+each DRAGON run both sides' per-token timelines (`benchmarks.dragon_timeline`), averaged
+per delay in the JSON's `timeline`. Full size (the default): 16 questions x 64 new tokens at
++0/100/200/300 ms (`dragon_questions.QUESTIONS`).
+
+Per-token latency: mean gap between consecutive tokens as the device learns them; for
+DRDG/SW (the answer arrives whole) decoding time from the device's prefill to the answer,
+per token (`BaselineReport.per_token_s`).
+
+Theorem 6.2, per delay: l = the side that aggregated most positions in the DRAGON runs,
+r = the other; c_dec = mean measured draft time per side (every draft carries it), rtt =
+the DRAGON session's smoothed Ping RTT, alpha_r = accepted fraction of r's drafts.
+Predicted S = `predicted_speedup(c_l, c_r, alpha_r, rtt)`; measured S = DRDG/TW per-token /
+DRAGON per-token (means over questions).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from benchmarks import RESULTS
+from benchmarks.dragon_questions import QUESTIONS
+from benchmarks.dragon_timeline import print_timeline, timeline_rows
+from benchmarks.report import Machines, new_figure, save_json, save_png
+from tandem.testbed.cpus import loadavg
+
+METHODS = ("crcg-device", "crcg-cloud", "drcg-text", "drcg-kv", "drdg-sw", "drdg-tw", "dragon")
+# Not the paper's: DRAGON with one decode row per side holding all its documents
+# (DragonConfig.rows = "side"); run only when asked for (--method dragon-side).
+EXTRA_METHODS = ("dragon-side",)
+LABELS = {
+    "crcg-device": "CRCG/Device", "crcg-cloud": "CRCG/Cloud", "drcg-text": "DRCG/Text",
+    "drcg-kv": "DRCG/KV", "drdg-sw": "DRDG/SW", "drdg-tw": "DRDG/TW", "dragon": "DRAGON",
+    "dragon-side": "DRAGON, 1 row/side (ours)",
+}  # fmt: skip
+DRAGONS = ("dragon", "dragon-side")
+
+
+def prepare_indexes(model: str, public: str, private: str | None) -> tuple[Path, Path]:
+    """Index folders of both corpora (built once and cached, like `tandem demo`)."""
+    from tandem.models.registry import load_tokenizer
+    from tandem.protocols.dragon.setup import ensure_index
+    from tandem.serve.dragon_demo import default_private_corpus
+
+    tokenizer = load_tokenizer(model)
+    private = private or str(default_private_corpus())
+    public_index = ensure_index(public, tokenizer=tokenizer, tokenizer_name=model)
+    return public_index, ensure_index(private, tokenizer=tokenizer, tokenizer_name=model)
+
+
+def bench_config(tokens: int, seed: int = 0, method: str = "dragon"):
+    """Greedy, fixed length; DRAGON runs bring the cloud's timeline back to the device."""
+    from tandem.protocols.dragon import DragonConfig
+
+    return DragonConfig(
+        max_new_tokens=tokens, temperature=0.0, seed=seed, stop_at_eos=False, timeline=True,
+        rows="side" if method == "dragon-side" else "documents",
+    )  # fmt: skip
+
+
+def _run(bed, method: str, question: str, tokens: int) -> dict:
+    """One generation; `dragon-side` is the dragon method with one row per side."""
+    worker_method = "dragon" if method in DRAGONS else method
+    record = bed.run(worker_method, question, bench_config(tokens, method=method))
+    return {**record, "method": method}
+
+
+def sweep(bed, *, methods, delays, questions, tokens: int, console: Console) -> list[dict]:
+    """Every method on every question at every delay. Warm-up first, discarded: every method
+    on every question for a few tokens, so each question's document KV is stored before any
+    timed run (a cold store made the first delay's CRCG TTFT 3x its warm value)."""
+    bed.set_delay(0.0)
+    for question in questions:
+        for method in methods:
+            _run(bed, method, question, 3)
+    runs = []
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("runs", total=len(delays) * len(questions) * len(methods))
+        for delay in delays:
+            bed.set_delay(delay)
+            for number, question in enumerate(questions):
+                for method in methods:
+                    load = loadavg()[0]
+                    record = _run(bed, method, question, tokens)
+                    runs.append(
+                        {"delay_ms": delay, "question": number, "load_1min": load, **record}
+                    )
+                    progress.advance(task)
+    return runs
+
+
+ISOLATION = "processes: device and cloud each pinned from start to their own set"
+
+
+def measure(
+    *, model, public, private, net_name, methods, delays, questions, tokens: int, console, machines
+) -> tuple[list[dict], dict]:
+    """Build both sides' indexes, start the testbed on `machines.cpus` and `sweep`: (runs,
+    network facts); what each side saw of itself goes to `machines.observed`."""
+    from tandem.baselines.dragon.testbed import Testbed
+
+    public_index, private_index = prepare_indexes(model, public, private)
+    indexes = {"public_index": public_index, "private_index": private_index}
+    with Testbed(model=model, name=net_name, cpus=machines.cpus, **indexes) as bed:
+        machines.observed = bed.observed
+        network = {
+            "mode": bed.status.mode,
+            "delay_path": bed.status.delay_path,
+            "notes": list(bed.status.notes),
+        }
+        runs = sweep(
+            bed, methods=methods, delays=delays, questions=questions, tokens=tokens, console=console
+        )
+    return runs, network
+
+
+def mean_of(runs: list[dict], method: str, delay: float, key: str) -> float | None:
+    values = [r.get(key) for r in runs if r["method"] == method and r["delay_ms"] == delay]
+    values = [v for v in values if v is not None]
+    return statistics.fmean(values) if values else None
+
+
+def theorem_rows(runs: list[dict], delays) -> list[dict]:
+    from tandem.protocols.dragon.scheduler import (
+        expected_latency,
+        predicted_speedup,
+        synchronized_latency,
+    )
+
+    rows = []
+    for delay in delays:
+        dragon = [r for r in runs if r["method"] == "dragon" and r["delay_ms"] == delay]
+        tw = mean_of(runs, "drdg-tw", delay, "per_token_s")
+        ours = mean_of(runs, "dragon", delay, "per_token_s")
+        if not dragon or tw is None or ours is None:
+            continue
+        by = [res["by"] for r in dragon for res in r["resolutions"] if res["aggregated"]]
+        local = max(("device", "cloud"), key=by.count)
+        remote = "cloud" if local == "device" else "device"
+        c_dec = {
+            side: statistics.fmean(s for r in dragon for _, s in r["decode_times"][side])
+            for side in ("device", "cloud")
+        }
+        alpha = statistics.fmean(
+            res[remote] for r in dragon for res in r["resolutions"] if res["aggregated"]
+        )
+        rtts = [r["summary"]["rtt_s"] for r in dragon if r["summary"]["rtt_s"]]
+        rtt = statistics.fmean(rtts) if rtts else 2 * delay / 1e3
+        predicted = predicted_speedup(c_dec[local], c_dec[remote], alpha, rtt)
+        measured = tw / ours
+        rows.append(
+            {
+                "delay_ms": delay, "aggregator": local, "c_dec_local_s": c_dec[local],
+                "c_dec_remote_s": c_dec[remote], "alpha_remote": alpha, "rtt_s": rtt,
+                "predicted_dragon_s": expected_latency(c_dec[local], c_dec[remote], alpha, rtt),
+                "predicted_tw_s": synchronized_latency(c_dec["device"], c_dec["cloud"], rtt),
+                "measured_dragon_s": ours, "measured_tw_s": tw,
+                "predicted_speedup": predicted, "measured_speedup": measured,
+                "relative_error": measured / predicted - 1,
+            }
+        )  # fmt: skip
+    return rows
+
+
+def _ratio(at: dict, method: str, base: str, key: str) -> float | None:
+    if not (at.get(method, {}).get(key) and at.get(base, {}).get(key)):
+        return None
+    return at[method][key] / at[base][key]
+
+
+def targets(rows: list[dict], theory: list[dict]) -> list[str]:
+    """The issue's targets: DRAGON vs CRCG/Device per token at the smallest delay (<= 1.10x)
+    and the largest (<= 1.20x), TTFT at the smallest (<= 1.05x), the cut below DRDG/TW at the
+    largest (>= 55%), and Theorem 6.2 at every delay (within 10%)."""
+    first, last = min(r["delay_ms"] for r in rows), max(r["delay_ms"] for r in rows)
+    at = {d: {r["method"]: r for r in rows if r["delay_ms"] == d} for d in (first, last)}
+    lines = []
+    checks = (
+        (first, "per_token_s", "crcg-device", "per-token", 1.10),
+        (last, "per_token_s", "crcg-device", "per-token", 1.20),
+        (first, "ttft_s", "crcg-device", "TTFT", 1.05),
+    )
+    for name in DRAGONS:
+        label = LABELS[name]
+        for delay, key, base, what, bound in checks:
+            ratio = _ratio(at[delay], name, base, key)
+            if ratio is not None:
+                lines.append(
+                    f"+{delay:.0f} ms: {label} {what} {ratio:.2f}x CRCG/Device"
+                    f" (target <= {bound:.2f}x)"
+                )
+        ratio = _ratio(at[last], name, "drdg-tw", "per_token_s")
+        if ratio is not None:
+            lines.append(
+                f"+{last:.0f} ms: {label} per-token {1 - ratio:.1%} below DRDG/TW (target >= 55%)"
+            )
+    for row in theory:
+        lines.append(
+            f"+{row['delay_ms']:.0f} ms: speedup over DRDG/TW measured {row['measured_speedup']:.2f}x,"
+            f" Theorem 6.2 {row['predicted_speedup']:.2f}x ({row['relative_error']:+.1%}, target +-10%)"
+        )
+    return lines
+
+
+def run(
+    *,
+    out: Path = RESULTS,
+    quick: bool = False,
+    model: str = "qwen2.5-coder-0.5b",
+    delays: tuple[float, ...] | None = None,
+    tokens: int | None = None,
+    questions: int | None = None,
+    public: str = "stdlib",
+    private: str | None = None,
+    methods: tuple[str, ...] = METHODS,
+    net_name: str = "tandem-dbench",
+    cpus: dict[str, list[int]] | None = None,
+) -> dict:
+    """Fig. 6 + Theorem 6.2: run, save dragon_latency.json / .png, print a table. `cpus`:
+    each side's cores (default `tandem.testbed.cpus.role_cpus()`)."""
+    from tandem.testbed.cpus import role_cpus
+
+    console = Console()
+    delays = delays or ((0.0, 100.0) if quick else (0.0, 100.0, 200.0, 300.0))
+    tokens = tokens or (8 if quick else 64)
+    chosen = QUESTIONS[: questions or (1 if quick else len(QUESTIONS))]
+    started = time.perf_counter()
+    machines = Machines(cpus=cpus or role_cpus(), isolation=ISOLATION)
+    runs, network = measure(
+        model=model, public=public, private=private, net_name=net_name, methods=methods,
+        delays=delays, questions=chosen, tokens=tokens, console=console, machines=machines,
+    )  # fmt: skip
+    rows = [
+        {
+            "method": method, "delay_ms": delay,
+            "per_token_s": mean_of(runs, method, delay, "per_token_s"),
+            "ttft_s": mean_of(runs, method, delay, "ttft_s"),
+        }
+        for delay in delays for method in methods
+    ]  # fmt: skip
+    theory = theorem_rows(runs, delays)
+    timeline = timeline_rows(runs, delays)
+    headline = targets(rows, theory)
+    payload = {
+        "setup": {
+            "model": model, "both_sides_same_model": True, "network": network,
+            "jitter": "delay / 5, uniform, each direction", "delays_ms": list(delays),
+            "max_new_tokens": tokens, "questions": list(chosen), "docs_per_side": 2,
+            "temperature": 0.0, "quick": quick, "wall_s": time.perf_counter() - started,
+            "methods": list(methods), "load_1min_per_run": "runs[].load_1min",
+            "per_token": "mean inter-token gap at the device; DRDG/SW: (answer - prefill) / n",
+            "theorem": "S = Z_TW / Z_DRAGON; 1/S = 1 - a_r / (1 + c_r / rtt) if c_l <= c_r; "
+            "1 - (1 - c_l / (c_r + rtt)) a_r if c_r < c_l <= c_r + rtt; else 1",
+        },
+        "headline": headline,
+        "table": rows,
+        "theorem_6_2": theory,
+        "timeline": timeline,
+        "runs": runs,
+    }  # fmt: skip
+    save_json(out, "dragon_latency", payload, machines=machines)
+    _print(console, rows, theory, methods, delays)
+    print_timeline(console, timeline)
+    for line in headline:
+        console.print(line)
+    _plot(out, rows, theory, methods)
+    return payload
+
+
+def _print(console, rows, theory, methods, delays) -> None:
+    table = Table(title="DRAGON Fig. 6: per-token latency (ms) vs extra one-way delay")
+    table.add_column("method")
+    for delay in delays:
+        table.add_column(f"+{delay:.0f} ms", justify="right")
+    by = {(r["method"], r["delay_ms"]): r["per_token_s"] for r in rows}
+    for method in methods:
+        cells = [f"{1e3 * by[(method, d)]:.0f}" if by.get((method, d)) else "-" for d in delays]
+        table.add_row(LABELS[method], *cells)
+    console.print(table)
+    if theory:
+        table = Table(title="Theorem 6.2: speedup of DRAGON over DRDG/TW")
+        for col in (
+            "delay",
+            "aggr.",
+            "c_l ms",
+            "c_r ms",
+            "alpha_r",
+            "rtt ms",
+            "pred.",
+            "meas.",
+            "err",
+        ):
+            table.add_column(col, justify="right")
+        for r in theory:
+            table.add_row(
+                f"{r['delay_ms']:.0f}", r["aggregator"], f"{1e3 * r['c_dec_local_s']:.0f}",
+                f"{1e3 * r['c_dec_remote_s']:.0f}", f"{r['alpha_remote']:.2f}",
+                f"{1e3 * r['rtt_s']:.0f}", f"{r['predicted_speedup']:.2f}",
+                f"{r['measured_speedup']:.2f}", f"{r['relative_error']:+.1%}",
+            )  # fmt: skip
+        console.print(table)
+
+
+def _plot(out: Path, rows, theory, methods) -> None:
+    fig, axes = new_figure(ncols=2)
+    ax = axes[0][0]
+    for method in methods:
+        pts = [
+            (r["delay_ms"], 1e3 * r["per_token_s"])
+            for r in rows
+            if r["method"] == method and r["per_token_s"]
+        ]
+        if pts:
+            ax.plot(*zip(*pts, strict=True), marker="o", label=LABELS[method])
+    ax.set(
+        title="Per-token latency (Fig. 6)",
+        xlabel="extra network latency (ms, one-way)",
+        ylabel="ms / token",
+    )
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=7)
+    ax = axes[0][1]
+    if theory:
+        xs = [r["delay_ms"] for r in theory]
+        ax.plot(xs, [r["predicted_speedup"] for r in theory], marker="s", label="Theorem 6.2")
+        ax.plot(xs, [r["measured_speedup"] for r in theory], marker="o", label="measured")
+        ax.set(
+            title="DRAGON speedup over DRDG/TW",
+            xlabel="extra network latency (ms)",
+            ylabel="speedup",
+        )
+        ax.legend(fontsize=7)
+    save_png(fig, out, "dragon_latency")

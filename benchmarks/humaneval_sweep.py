@@ -1,0 +1,137 @@
+"""`tandem bench humaneval-sweep`: one table over `tandem bench humaneval` runs at several RTTs.
+
+Reads the result files (unchanged) and derives, per RTT:
+- every mode's end-to-end tokens/s (generated tokens / generation time, TTFT included) and
+  decode rate (1000 / mean time per output token after the first), next to
+  `speedup_vs_cloud_ar` and `speedup_vs_device_only`;
+- `adaptive_vs_best_fixed`: spec-adaptive's tokens/s over the best of the fixed exact modes in
+  that run (cloud AR, PicoSpec, eager; device-only is not exact, so it is reported beside);
+- the extended Eq. 9 (`tandem.protocols.spec.planner.throughput`) predicted decode rate of
+  ar, async and eager from the costs measured in the same run: t_draft = the spec modes' mean
+  drafting time per token, t_ar = cloud AR's mean time per token, the verification line
+  through t_ar and the mean verification time of a `draft_len` block, the RTT of the run,
+  and each mode's own pooled acceptance rate; `model_error` = predicted / measured - 1.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from benchmarks.report import new_figure, save_json, save_png
+from tandem.errors import TandemError
+
+FIXED = ("ar", "spec-async", "spec-eager")  # exact modes with a fixed plan
+MODEL = {"ar": "ar", "spec-async": "async", "spec-eager": "eager"}
+
+
+def _mean(values: list[float]) -> float | None:
+    values = [v for v in values if v]
+    return statistics.mean(values) if values else None
+
+
+def summarize(payload: dict[str, Any]) -> dict[str, Any]:
+    """The derived record of one humaneval result (module doc)."""
+    from tandem.protocols.spec.planner import Costs, throughput
+
+    setup, table = payload["setup"], {row["mode"]: row for row in payload["table"]}
+    runs = payload["runs"]
+    per_mode: dict[str, dict[str, Any]] = {}
+    for mode, row in table.items():
+        tpot = _mean([r["tpot_ms"] for r in runs if r["mode"] == mode])
+        drafted = sum(r["drafted"] for r in runs if r["mode"] == mode)
+        per_mode[mode] = {
+            "tokens_per_s": row["tokens_per_s"],
+            "decode_tok_s": 1000.0 / tpot if tpot else None,
+            "pass_at_1": row["pass_at_1"],
+            "speedup_vs_cloud_ar": row["tokens_per_s"] / table["ar"]["tokens_per_s"]
+            if "ar" in table
+            else None,
+            "speedup_vs_device_only": row["tokens_per_s"] / table["local"]["tokens_per_s"]
+            if "local" in table
+            else None,
+            "acceptance_rate": row.get("acceptance_rate"),
+            "drafted": drafted,
+        }
+    record: dict[str, Any] = {"rtt_ms": setup["rtt_ms"], "modes": per_mode}
+    fixed = {m: per_mode[m]["tokens_per_s"] for m in FIXED if m in per_mode}
+    if fixed:
+        best = max(fixed, key=fixed.get)
+        record["best_fixed"] = best
+        if "spec-adaptive" in per_mode:
+            adaptive = per_mode["spec-adaptive"]["tokens_per_s"]
+            record["adaptive_vs_best_fixed"] = adaptive / fixed[best]
+            plans = [r["plan_after"] for r in runs if r["mode"] == "spec-adaptive"]
+            record["adaptive_last_plan"] = plans[-1] if plans else None
+    spec_runs = [r for r in runs if r["mode"] in ("spec-async", "spec-eager") and r["drafted"]]
+    t_draft = _mean([r["t_draft_token_ms"] for r in spec_runs])
+    t_verify = _mean([r["t_verify_ms"] for r in runs if r["mode"] == "spec-async"])
+    t_ar = _mean([r["tpot_ms"] for r in runs if r["mode"] == "ar"])
+    if t_draft and t_verify and t_ar:
+        block = int(setup["draft_len"])
+        costs = Costs.from_points(
+            t_draft=t_draft / 1e3, t_ar=t_ar / 1e3, t_block=t_verify / 1e3, block=block,
+            rtt=setup["rtt_ms"] / 1e3,
+        )  # fmt: skip
+        model = {"t_draft_ms": t_draft, "t_ar_ms": t_ar, "t_verify_block_ms": t_verify,
+                 "block": block, "per_mode": {}}  # fmt: skip
+        for mode, method in MODEL.items():
+            if mode not in per_mode or not per_mode[mode]["decode_tok_s"]:
+                continue
+            alpha = per_mode[mode]["acceptance_rate"] or 0.0
+            predicted = throughput(method, alpha, block, costs)
+            measured = per_mode[mode]["decode_tok_s"]
+            model["per_mode"][mode] = {
+                "alpha": alpha, "predicted_decode_tok_s": predicted,
+                "measured_decode_tok_s": measured, "model_error": predicted / measured - 1.0,
+            }  # fmt: skip
+        record["eq9"] = model
+    return record
+
+
+def run(paths: list[Path], *, out: Path, name: str = "humaneval_sweep") -> dict[str, Any]:
+    if not paths:
+        raise TandemError("give one or more `tandem bench humaneval` result files")
+    records, sources = [], []
+    for path in paths:
+        try:
+            payload = json.loads(Path(path).read_text())
+            records.append(summarize(payload))
+        except (OSError, ValueError, KeyError) as exc:
+            raise TandemError(f"{path}: not a humaneval result ({exc})") from None
+        sources.append({"file": str(path), "environment": payload.get("environment"),
+                        "machines": payload.get("machines")})  # fmt: skip
+    records.sort(key=lambda r: r["rtt_ms"])
+    result = {"benchmark": name, "sources": sources, "per_rtt": records}
+    json_path = save_json(out, name, result)
+    _plot(records, out, name)
+    for r in records:
+        modes = ", ".join(f"{m} {v['tokens_per_s']:.2f}" for m, v in r["modes"].items())
+        ratio = r.get("adaptive_vs_best_fixed")
+        print(f"RTT {r['rtt_ms']:g} ms: {modes} tok/s; adaptive / best fixed "
+              f"({r.get('best_fixed')}) = {ratio:.3f}" if ratio else "")  # fmt: skip
+    print(f"saved {json_path}")
+    return result
+
+
+def _plot(records: list[dict], out: Path, name: str) -> Path:
+    fig, axes = new_figure(ncols=2, size=(5.5, 4.0))
+    modes = list(dict.fromkeys(m for r in records for m in r["modes"]))
+    rtts = [r["rtt_ms"] for r in records]
+    for i, mode in enumerate(modes):
+        ys = [r["modes"].get(mode, {}).get("tokens_per_s") for r in records]
+        axes[0][0].plot(rtts, ys, "o-", color=f"C{i}", label=mode)
+        model = [r.get("eq9", {}).get("per_mode", {}).get(mode) for r in records]
+        if any(model):
+            axes[0][1].plot(rtts, [m and m["measured_decode_tok_s"] for m in model], "o-",
+                            color=f"C{i}", label=f"{mode} measured")  # fmt: skip
+            axes[0][1].plot(rtts, [m and m["predicted_decode_tok_s"] for m in model], "x--",
+                            color=f"C{i}", label=f"{mode} Eq. 9")  # fmt: skip
+    axes[0][0].set(xlabel="RTT (ms)", ylabel="tokens/s (end to end)", title="real pair, HumanEval")
+    axes[0][1].set(xlabel="RTT (ms)", ylabel="decode tokens/s", title="extended Eq. 9 vs measured")
+    for ax in axes[0]:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    return save_png(fig, out, name)

@@ -1,0 +1,340 @@
+"""`tandem bench spec-paper`: every exact method side by side on PicoSpec's hardware,
+EMULATED, driven by the acceptance measured on HumanEval (issue 15, item 3, emulated part).
+
+Words used here:
+- *emulated*: both models are `SleepLM`s (tandem.models.emulated): forward passes sleep
+  for the calibrated times below, logits are a deterministic hash of the context. Nothing
+  here measures a real model; every table and the JSON say "emulated".
+- *calibration* (PicoSpec Tables 1-2, Jetson-class edge + A100 cloud): a draft step 24 ms
+  per token; a target pass over n new tokens 67 + 5 n ms, so one AR step is 72 ms (13.89
+  tokens/s) and verifying a 4-token block 87 ms; prefill 120 ms (target), 40 ms (draft).
+- *trace*: per output position, whether the draft model's greedy token equals the target's
+  on the target's own prefix. "humaneval": `draft_agreement_teacher_forced` of
+  benchmarks/results/humaneval.json (Qwen2.5-Coder 0.5B vs 1.5B, llama.cpp, one list of 128 per
+  problem); "iid-0.7" / "iid-0.8": independent draws with that agreement (the sweep). The
+  draft's row at position t is the target's row, with the target's top token pushed below
+  all others where the trace says "disagree"; decoding is greedy, so every method's output
+  is the target's greedy path and each draft is accepted exactly where the trace agrees.
+- methods: cloud AR (tokens streamed), stop-and-wait (sync, separate rejection), PicoSpec
+  (async, fast verification, separate rejection), eager ("the cloud never idles", dense
+  uplink: the toy vocabulary has 64 tokens) and adaptive (planner.Controller: picks the
+  method and draft length per generation from its estimates, and inside an eager generation
+  the draft length and whether to draft each round; it starts from the calibrated costs, the
+  link's RTT and alpha 0.8, and learns alpha and the costs as it runs). Device-only decoding
+  is not exact and is left out. Draft length 4 for the fixed methods.
+- throughput = tokens / total time (TTFT included); decode = (tokens - 1) / time after the
+  first token. `predicted` = planner.throughput (Eq. 7, Eq. 9, Eq. 9 extended) at the trace's
+  mean agreement and the calibrated costs, compared with the measured decode rate.
+
+One process: device and cloud sessions over `memory_pair` with the in-process link emulator
+(delay RTT/2 each way, 100 Mbit/s); sleeping needs no cores, so the machine's load matters
+little (the load average is in the JSON). One warm-up generation per RTT, discarded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from benchmarks import RESULTS
+from benchmarks.report import Machines, new_figure, save_json, save_png
+from benchmarks.spec import PROMPTS
+from tandem.models.emulated import SleepLM
+from tandem.protocols.spec import SpecConfig, run_pair
+from tandem.protocols.spec.planner import Controller, Costs, throughput
+from tandem.transport import LinkConfig, memory_pair
+
+DRAFT_TOKEN_S, TARGET_BASE_S, TARGET_PER_TOKEN_S = 0.024, 0.067, 0.005
+METHODS = ("cloud-ar", "stop-and-wait", "picospec", "eager", "adaptive")
+SETTINGS = {
+    "stop-and-wait": {"pipeline": "sync", "codec": "separate"},
+    "picospec": {"pipeline": "async", "codec": "separate", "fast_verify": True},
+    "eager": {"pipeline": "eager", "codec": "dense"},
+}
+MODEL_OF = {"cloud-ar": "ar", "stop-and-wait": "sync", "picospec": "async", "eager": "eager"}
+GAMMA = 4
+
+
+def calibrated_costs(rtt_s: float) -> Costs:
+    return Costs(
+        t_draft=DRAFT_TOKEN_S,
+        decode_base=TARGET_BASE_S,
+        decode_per_token=TARGET_PER_TOKEN_S,
+        rtt=rtt_s,
+    )
+
+
+class TraceDraftLM(SleepLM):
+    """The draft: the target's row, its top token demoted where the trace disagrees."""
+
+    def __init__(self, target: SleepLM, agreement: list[int], prompt_len: int) -> None:
+        super().__init__(
+            f"trace-draft-{id(agreement)}",
+            vocab_size=target.vocab_size,
+            base_s=DRAFT_TOKEN_S - 0.002,
+            per_token_s=0.002,
+            prefill_s=0.040,
+        )
+        self.target, self.agreement, self.prompt_len = target, agreement, prompt_len
+
+    def row(self, context: tuple[int, ...]) -> torch.Tensor:  # [vocab]
+        row = self.target.row(context).clone()
+        position = len(context) - self.prompt_len
+        if not self.agreement[position % len(self.agreement)]:
+            row[row.argmax()] = row.min() - 1.0
+        return row
+
+
+def paper_target() -> SleepLM:
+    return SleepLM(
+        "emulated-a100-target",
+        base_s=TARGET_BASE_S,
+        per_token_s=TARGET_PER_TOKEN_S,
+        prefill_s=0.120,
+    )
+
+
+def load_traces(path: Path, sweep: tuple[float, ...], sweep_problems: int) -> dict:
+    """trace name -> list of agreement lists (module docstring)."""
+    traces: dict[str, list[list[int]]] = {}
+    if path.exists():
+        recorded = json.loads(path.read_text()).get("draft_agreement_teacher_forced", {})
+        if recorded:
+            traces["humaneval"] = [list(map(int, v)) for v in recorded.values()]
+    generator = torch.Generator().manual_seed(15)
+    for p in sweep:
+        traces[f"iid-{p:g}"] = [
+            (torch.rand(128, generator=generator) < p).int().tolist() for _ in range(sweep_problems)
+        ]
+    return traces
+
+
+async def run_one(method, *, target, draft, prompt_ids, rtt_ms, n, controller=None):
+    """One generation; returns (report, the plan's method and gamma for adaptive)."""
+    from tandem.baselines.spec_baselines import run_cloud_ar, serve_cloud_ar
+
+    link = LinkConfig(delay_ms=rtt_ms / 2, rate_mbit=100.0)
+    base = {"temperature": 0.0, "max_new_tokens": n, "stop_at_eos": False, "draft_len": GAMMA}
+    chosen, gamma = method, GAMMA
+    if method == "adaptive":
+        plan = controller.plan()
+        chosen = next(k for k, v in MODEL_OF.items() if v == plan.method)
+        gamma = plan.gamma or GAMMA
+    if chosen == "cloud-ar":
+        device_channel, cloud_channel = memory_pair(link=link)
+        cloud = asyncio.create_task(serve_cloud_ar(cloud_channel, target))
+        report = await run_cloud_ar(
+            device_channel, target.tokenizer, prompt_ids, SpecConfig(**base)
+        )
+        await asyncio.wait_for(cloud, 60)
+        await cloud_channel.close()
+        return report, (chosen, 0)
+    config = SpecConfig(**{**base, **SETTINGS[chosen], "draft_len": gamma})
+    eager_controller = controller if chosen == "eager" else None
+    report, _ = await run_pair(
+        device_lm=draft, cloud_lm=target, prompt_ids=prompt_ids, config=config, link=link,
+        controller=eager_controller,
+    )  # fmt: skip
+    if controller is not None and eager_controller is None:  # learn from the other pipelines
+        summary = report.summary()
+        accepted = sum(v.num_accepted for v in report.verdicts)
+        controller.observe_drafts(accepted, sum(v.rejected for v in report.verdicts))
+        if summary["t_draft_token_ms"]:
+            controller.observe_draft(summary["t_draft_token_ms"] / 1e3)
+    return report, (chosen, gamma)
+
+
+def record(report) -> dict:
+    s = report.summary()
+    ttft = s["ttft_ms"] / 1e3
+    return {
+        "tokens": s["tokens"],
+        "total_s": report.total_s,
+        "decode_s": report.total_s - ttft,
+        "ttft_ms": s["ttft_ms"],
+        "acceptance_rate": s["acceptance_rate"],
+        "ar_tokens": report.cloud.get("ar_tokens", 0),
+        "tokens_list": report.tokens,
+    }
+
+
+def run(
+    *,
+    out: Path = RESULTS,
+    humaneval: Path = RESULTS / "humaneval.json",
+    rtts: tuple[float, ...] = (100.0, 200.0),
+    sweep: tuple[float, ...] = (0.7, 0.8),
+    problems: int | None = None,
+    sweep_problems: int = 2,
+    max_new_tokens: int = 128,
+    methods: tuple[str, ...] = METHODS,
+    name: str = "spec_paper",
+) -> dict:
+    """Run every method at every RTT on every trace; save `name`.json / .png; print tables."""
+    from tandem.testbed.cpus import role_cpus
+
+    console = Console()
+    machines = Machines(
+        cpus=role_cpus(),
+        isolation="one process; emulated compute sleeps (SleepLM), no model runs on a core",
+        shared=["event loop, sampling, codecs, link emulator"],
+    )
+    traces = load_traces(humaneval, sweep, sweep_problems)
+    if "humaneval" not in traces:
+        console.print(f"[yellow]no acceptance traces in {humaneval}: agreement sweep only")
+    if problems:
+        traces = {k: v[:problems] for k, v in traces.items()}
+    target, n, started = paper_target(), max_new_tokens, time.perf_counter()
+    runs: list[dict] = []
+    total = sum(len(v) for v in traces.values()) * len(rtts) * len(methods)
+    with Progress(console=console, transient=True) as progress:
+        bar = progress.add_task("spec-paper (emulated)", total=total)
+        for rtt in rtts:
+            warm_ids = target.tokenizer.encode(PROMPTS[0])
+            warm = TraceDraftLM(target, [1], len(warm_ids))
+            asyncio.run(run_one("eager", target=target, draft=warm, prompt_ids=warm_ids,
+                                rtt_ms=rtt, n=8))  # fmt: skip
+            for trace_name, agreements in traces.items():
+                controller = Controller(prior=calibrated_costs(rtt / 1e3), alpha=0.8)
+                for index, agreement in enumerate(agreements):
+                    ids = target.tokenizer.encode(PROMPTS[index % len(PROMPTS)])
+                    draft = TraceDraftLM(target, agreement, len(ids))
+                    for method in methods:
+                        report, (chosen, gamma) = asyncio.run(
+                            run_one(method, target=target, draft=draft, prompt_ids=ids,
+                                    rtt_ms=rtt, n=n, controller=controller)
+                        )  # fmt: skip
+                        runs.append({"trace": trace_name, "problem": index, "rtt_ms": rtt,
+                                     "method": method, "chose": chosen, "gamma": gamma,
+                                     **record(report)})  # fmt: skip
+                        progress.advance(bar)
+    table = summarize(runs, traces, rtts, methods)
+    payload = {
+        "emulated": True,
+        "setup": {
+            "what": "EMULATED: SleepLM pair with PicoSpec's hardware timings; no real model",
+            "calibration": {"draft_ms_per_token": 1e3 * DRAFT_TOKEN_S,
+                            "target_pass_ms": f"{1e3 * TARGET_BASE_S:g} + {1e3 * TARGET_PER_TOKEN_S:g} n",
+                            "target_ar_tok_s": 1 / (TARGET_BASE_S + TARGET_PER_TOKEN_S),
+                            "verify_4_ms": 1e3 * (TARGET_BASE_S + 4 * TARGET_PER_TOKEN_S)},
+            "traces": {k: {"source": "benchmarks/results/humaneval.json draft_agreement_teacher_forced"
+                           if k == "humaneval" else "iid agreement draws (seed 15)",
+                           "problems": len(v), "mean_agreement": mean_agreement(v)}
+                       for k, v in traces.items()},
+            "methods": {m: SETTINGS.get(m, m) for m in methods},
+            "draft_len": GAMMA,
+            "max_new_tokens": n,
+            "link": "in-process LinkConfig emulator, delay RTT/2 each way, 100 Mbit/s",
+            "wall_s": time.perf_counter() - started,
+        },
+        "table": table,
+        "runs": runs,
+    }  # fmt: skip
+    save_json(out, name, payload, machines=machines)
+    _print(console, table)
+    _plot(out, name, table, methods)
+    return payload
+
+
+def mean_agreement(agreements: list[list[int]]) -> float:
+    flat = [a for seq in agreements for a in seq]
+    return sum(flat) / len(flat)
+
+
+def summarize(runs, traces, rtts, methods) -> list[dict]:
+    """One row per (trace, RTT, method): pooled rates, ratios, predicted vs measured."""
+    rows = []
+    for trace_name, agreements in traces.items():
+        alpha = mean_agreement(agreements)
+        for rtt in rtts:
+            group = {}
+            for method in methods:
+                mine = [r for r in runs if (r["trace"], r["rtt_ms"], r["method"]) ==
+                        (trace_name, rtt, method)]  # fmt: skip
+                tokens = sum(r["tokens"] for r in mine)
+                group[method] = {
+                    "trace": trace_name, "rtt_ms": rtt, "method": method, "emulated": True,
+                    "alpha_trace": alpha,
+                    "throughput_tok_s": tokens / sum(r["total_s"] for r in mine),
+                    "decode_tok_s": sum(r["tokens"] - 1 for r in mine)
+                    / sum(r["decode_s"] for r in mine),
+                    "acceptance_rate": sum(r["acceptance_rate"] for r in mine) / len(mine),
+                    "ttft_ms": sum(r["ttft_ms"] for r in mine) / len(mine),
+                    "ar_tokens": sum(r["ar_tokens"] for r in mine),
+                    "chose": sorted({f"{r['chose']}/{r['gamma']}" for r in mine}),
+                }  # fmt: skip
+                model = MODEL_OF.get(method, "eager")
+                gamma = GAMMA if method != "adaptive" else max(1, mine[-1]["gamma"])
+                predicted = throughput(model, alpha, gamma, calibrated_costs(rtt / 1e3))
+                group[method]["predicted_decode_tok_s"] = predicted
+                group[method]["predicted_model"] = model
+                if method == "picospec":  # our pipeline keeps several blocks in flight
+                    deep = throughput("async-deep", alpha, gamma, calibrated_costs(rtt / 1e3))
+                    group[method]["predicted_deep_decode_tok_s"] = deep
+                    group[method]["predicted_deep_over_measured"] = (
+                        deep / group[method]["decode_tok_s"]
+                    )
+                group[method]["predicted_over_measured"] = predicted / group[method]["decode_tok_s"]
+            for row in group.values():
+                for ref, key in (("stop-and-wait", "speedup_vs_stop_and_wait"),
+                                 ("cloud-ar", "speedup_vs_cloud_ar"),
+                                 ("picospec", "speedup_vs_picospec"),
+                                 ("eager", "speedup_vs_eager")):  # fmt: skip
+                    if ref in group:
+                        row[key] = row["throughput_tok_s"] / group[ref]["throughput_tok_s"]
+                        row[f"decode_{key}"] = row["decode_tok_s"] / group[ref]["decode_tok_s"]
+                best = max(r["throughput_tok_s"] for m, r in group.items() if m != "adaptive")
+                row["over_best_fixed"] = row["throughput_tok_s"] / best
+                rows.append(row)
+    return rows
+
+
+def _print(console, table) -> None:
+    out = Table(title="EMULATED paper hardware, acceptance from traces (tok/s, TTFT included)")
+    for col in ("trace", "RTT", "method", "tok/s", "decode", "predicted", "x s&w", "x AR",
+                "x PicoSpec", "accept", "chose"):  # fmt: skip
+        out.add_column(col, justify="left" if col in ("trace", "method", "chose") else "right")
+    for r in table:
+        out.add_row(
+            r["trace"], f"{r['rtt_ms']:.0f}", r["method"], f"{r['throughput_tok_s']:.2f}",
+            f"{r['decode_tok_s']:.2f}", f"{r['predicted_decode_tok_s']:.2f}",
+            f"{r.get('speedup_vs_stop_and_wait', 0):.2f}", f"{r.get('speedup_vs_cloud_ar', 0):.2f}",
+            f"{r.get('speedup_vs_picospec', 0):.2f}", f"{r['acceptance_rate']:.2f}",
+            ",".join(r["chose"]),
+        )  # fmt: skip
+    console.print(out)
+
+
+def _plot(out, name, table, methods) -> None:
+    groups = sorted({(r["trace"], r["rtt_ms"]) for r in table})
+    fig, grid = new_figure(ncols=2, size=(7.0, 4.5))
+    axes = grid[0]
+    width = 0.8 / len(methods)
+    for i, method in enumerate(methods):
+        values = [next(r["throughput_tok_s"] for r in table
+                       if (r["trace"], r["rtt_ms"], r["method"]) == (*g, method)) for g in groups]  # fmt: skip
+        axes[0].bar([x + i * width for x in range(len(groups))], values, width, label=method)
+    axes[0].set_xticks([x + 0.4 - width / 2 for x in range(len(groups))],
+                       [f"{t}\nRTT {r:.0f}" for t, r in groups], fontsize=7)  # fmt: skip
+    axes[0].set(title="EMULATED: throughput (tok/s, TTFT incl.)", ylabel="tok/s")
+    axes[0].legend(fontsize=7)
+    measured = [r["decode_tok_s"] for r in table]
+    predicted = [r["predicted_decode_tok_s"] for r in table]
+    axes[1].scatter(measured, predicted, s=12)
+    top = max(measured + predicted) * 1.05
+    axes[1].plot([0, top], [0, top], color="grey", linewidth=0.8)
+    axes[1].plot([0, top], [0, 1.1 * top], color="grey", linestyle=":", linewidth=0.8)
+    axes[1].plot([0, top], [0, 0.9 * top], color="grey", linestyle=":", linewidth=0.8)
+    for r in table:
+        axes[1].annotate(r["method"][:5], (r["decode_tok_s"], r["predicted_decode_tok_s"]),
+                         fontsize=5)  # fmt: skip
+    axes[1].set(title="predicted (planner) vs measured decode rate", xlabel="measured tok/s",
+                ylabel="predicted tok/s")  # fmt: skip
+    save_png(fig, out, name)

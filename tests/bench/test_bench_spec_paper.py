@@ -1,0 +1,48 @@
+"""`tandem bench spec-paper`: the trace-driven draft, the traces it reads, and a tiny run
+(every method, exact output, the ratios and predictions in the JSON)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks.spec_paper import METHODS, TraceDraftLM, load_traces, paper_target, run
+
+
+def test_trace_draft_agrees_with_the_target_exactly_where_the_trace_says():
+    target = paper_target()
+    prompt = (1, 2, 3)
+    agreement = [1, 0, 1, 0, 0, 1]
+    draft = TraceDraftLM(target, agreement, len(prompt))
+    context = prompt
+    for position, agree in enumerate(agreement):
+        same = int(draft.row(context).argmax()) == int(target.row(context).argmax())
+        assert same == bool(agree), position
+        context = context + (int(target.row(context).argmax()),)
+
+
+def test_traces_come_from_the_humaneval_json_and_the_sweep(tmp_path):
+    path = tmp_path / "he.json"
+    path.write_text(json.dumps({"draft_agreement_teacher_forced": {"a": [1, 0, 1], "b": [1]}}))
+    traces = load_traces(path, (0.5,), 3)
+    assert traces["humaneval"] == [[1, 0, 1], [1]]
+    assert len(traces["iid-0.5"]) == 3 and all(len(t) == 128 for t in traces["iid-0.5"])
+    assert "humaneval" not in load_traces(tmp_path / "missing.json", (0.5,), 1)
+
+
+def test_tiny_run_writes_every_method_with_ratios(tmp_path):
+    path = tmp_path / "he.json"
+    path.write_text(json.dumps({"draft_agreement_teacher_forced": {"p": [1, 1, 0, 1] * 4}}))
+    payload = run(out=tmp_path, humaneval=path, rtts=(20.0,), sweep=(), max_new_tokens=10)
+    saved = json.loads((tmp_path / "spec_paper.json").read_text())
+    assert saved["emulated"] is True and (tmp_path / "spec_paper.png").stat().st_size > 0
+    assert {r["method"] for r in saved["table"]} == set(METHODS)
+    outputs = {tuple(r["tokens_list"]) for r in payload["runs"]}
+    assert len(outputs) == 1  # greedy: every method emits the target's greedy path
+    for row in saved["table"]:
+        assert row["speedup_vs_cloud_ar"] == pytest.approx(
+            row["throughput_tok_s"]
+            / next(r["throughput_tok_s"] for r in saved["table"] if r["method"] == "cloud-ar")
+        )
+        assert row["predicted_decode_tok_s"] > 0 and "speedup_vs_stop_and_wait" in row
