@@ -10,7 +10,7 @@ pinned from its start (`tandem.testbed.netns.side_argv`), this process before it
 loads. For each problem the
 modes run side by side (same prompt, seed and budget); a warm-up problem goes first and is
 discarded. Afterwards, untimed: each completion runs its tests in a subprocess
-(`humaneval_tasks.execute`), exact modes are compared with `ar`, and the traces are computed.
+(`tandem.sandbox.execute`), exact modes are compared with `ar`, and the traces are computed.
 
 Words used here:
 - *mode*: a name in MODES; *exact mode*: a speculative one: at temperature 0 its output is
@@ -46,6 +46,7 @@ from rich.table import Table
 from benchmarks import RESULTS
 from benchmarks import humaneval_tasks as tasks
 from benchmarks.report import new_figure, save_json, save_png
+from tandem import sandbox
 from tandem.errors import TandemError
 
 EAGER = {"pipeline": "eager", "codec": "k-sqs", "codec_params": {"k": 3}}
@@ -83,7 +84,7 @@ def run(
     rate_mbit: float = 100.0,
     device_model: str = "qwen2.5-coder-0.5b",
     cloud_model: str = "qwen2.5-coder-1.5b",
-    timeout_s: float = tasks.TIMEOUT_S,
+    timeout_s: float = sandbox.TIMEOUT_S,
     margins: bool = True,
     cores: dict[str, list[int]] | None = None,
 ) -> dict:
@@ -143,7 +144,7 @@ def run(
             "prompt": "the problem's prompt, raw (no chat template)",
             "stop_sequences": list(tasks.STOP_SEQUENCES),
             "execution": f"fresh python -I subprocess per program, timeout {timeout_s:g} s, "
-            f"RLIMIT_AS {tasks.MEMORY_MB} MiB; pass = exit status 0",
+            f"RLIMIT_AS {sandbox.MEMORY_MB} MiB; pass = exit status 0",
             "warmup": f"{chosen[0]['task_id']}, {WARMUP_TOKENS} tokens per mode, discarded",
             "load_average_after_generation": after_generation,
             "wall_s": {"generation": wall_generation, "total": time.perf_counter() - started},
@@ -340,13 +341,13 @@ def _record(problem: dict, mode: str, report) -> dict:
 def _execute(chosen, runs, tokenizer, timeout_s, console) -> None:
     """Cut, run and score every completion (identical programs run once)."""
     by_id = {p["task_id"]: p for p in chosen}
-    done: dict[tuple[str, str], tasks.Execution] = {}
+    done: dict[tuple[str, str], sandbox.Execution] = {}
     for record in runs:
         completion = tasks.completion_text(record["tokens"], tokenizer)
         key = (record["problem"], completion)
         if key not in done:
             program = tasks.build_program(by_id[record["problem"]], completion)
-            done[key] = tasks.execute(program, timeout_s=timeout_s)
+            done[key] = sandbox.execute(program, timeout_s=timeout_s)
         record.update(completion=completion, passed=done[key].passed, status=done[key].status)
     console.log(f"executed {len(done)} distinct programs")
 

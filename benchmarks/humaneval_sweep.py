@@ -110,8 +110,8 @@ def run(paths: list[Path], *, out: Path, name: str = "humaneval_sweep") -> dict[
     for r in records:
         modes = ", ".join(f"{m} {v['tokens_per_s']:.2f}" for m, v in r["modes"].items())
         ratio = r.get("adaptive_vs_best_fixed")
-        print(f"RTT {r['rtt_ms']:g} ms: {modes} tok/s; adaptive / best fixed "
-              f"({r.get('best_fixed')}) = {ratio:.3f}" if ratio else "")  # fmt: skip
+        best = f"; adaptive / best fixed ({r.get('best_fixed')}) = {ratio:.3f}" if ratio else ""
+        print(f"RTT {r['rtt_ms']:g} ms: {modes} tok/s{best}")
     print(f"saved {json_path}")
     return result
 

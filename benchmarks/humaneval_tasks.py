@@ -7,39 +7,18 @@ Words used here:
 - *selection*: which problems, by index: "all", "0-15", "0,3,10-12".
 - *completion*: the text the model writes after the problem's prompt (the function body), cut
   before the end-of-sequence token and at the first stop sequence (`truncate_completion`).
-- *program*: prompt + completion + test + `check(entry_point)`. It runs in a fresh `python`
-  subprocess in a temporary folder, with a wall-clock timeout, an address-space limit and an
-  empty environment; *passed* = exit status 0. Nothing of it runs in the calling process (the
-  package's own `check_correctness` would `exec` it in a forked copy of this one).
+- *program*: prompt + completion + test + `check(entry_point)`. It runs through
+  `tandem.sandbox.execute`: a fresh `python` subprocess in a temporary folder, with a
+  wall-clock timeout, an address-space limit and an empty environment; *passed* = exit status
+  0. Nothing of it runs in the calling process (the package's own `check_correctness` would
+  `exec` it in a forked copy of this one).
 """
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import tempfile
-import time
-from dataclasses import dataclass
-from pathlib import Path
-
 from tandem.errors import TandemError
 
 STOP_SEQUENCES = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#")
-TIMEOUT_S = 10.0
-MEMORY_MB = 1024  # RLIMIT_AS of a program
-OUTPUT_BYTES = 1 << 20  # RLIMIT_FSIZE: a program printing forever is stopped here
-# Sets the limits, then runs the program as __main__ (argv: launcher, program, bytes, bytes).
-_LAUNCHER = (
-    "import resource, runpy, sys\n"
-    "memory, output = int(sys.argv[2]), int(sys.argv[3])\n"
-    "resource.setrlimit(resource.RLIMIT_AS, (memory, memory))\n"
-    "resource.setrlimit(resource.RLIMIT_FSIZE, (output, output))\n"
-    "resource.setrlimit(resource.RLIMIT_CORE, (0, 0))\n"
-    "sys.argv = sys.argv[1:2]\n"
-    "runpy.run_path(sys.argv[0], run_name='__main__')\n"
-)
 
 
 def load_problems() -> list[dict]:
@@ -90,52 +69,3 @@ def completion_text(tokens: list[int], tokenizer) -> str:
 def build_program(problem: dict, completion: str) -> str:
     """The program HumanEval runs for one completion (as its harness builds it)."""
     return f"{problem['prompt']}{completion}\n{problem['test']}\ncheck({problem['entry_point']})\n"
-
-
-@dataclass(frozen=True)
-class Execution:
-    status: str  # "passed" | "failed" | "timeout"
-    returncode: int | None  # None after a timeout
-    seconds: float
-    output: str  # the last 2,000 characters of stdout + stderr
-
-    @property
-    def passed(self) -> bool:
-        return self.status == "passed"
-
-
-def execute(program: str, *, timeout_s: float = TIMEOUT_S, memory_mb: int = MEMORY_MB) -> Execution:
-    """Run `program` in a fresh isolated `python -I` in a temporary folder (see the module
-    docstring); the whole process group is killed after `timeout_s`."""
-    with tempfile.TemporaryDirectory(prefix="tandem-humaneval-") as tmp:
-        path = Path(tmp) / "program.py"
-        path.write_text(program)
-        argv = [sys.executable, "-I", "-c", _LAUNCHER, str(path)]
-        argv += [str(memory_mb << 20), str(OUTPUT_BYTES)]
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}
-        began = time.perf_counter()
-        with open(Path(tmp) / "output.txt", "w+b") as sink:
-            proc = subprocess.Popen(
-                argv, cwd=tmp, env=env, stdin=subprocess.DEVNULL, stdout=sink,
-                stderr=subprocess.STDOUT, start_new_session=True,
-            )  # fmt: skip
-            try:
-                code: int | None = proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                code = None
-            finally:
-                _kill_group(proc)
-            seconds = time.perf_counter() - began
-            sink.seek(max(0, sink.seek(0, os.SEEK_END) - 4000))
-            output = sink.read().decode(errors="replace")[-2000:]
-    status = "timeout" if code is None else "passed" if code == 0 else "failed"
-    return Execution(status, code, seconds, output)
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    """Kill the program and anything it started (its own session), then reap it."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.wait()

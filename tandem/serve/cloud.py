@@ -36,7 +36,16 @@ from tandem.models.base import CausalLM
 from tandem.models.batching import VerifyBatcher
 from tandem.serve.admission import CloudLimits, admit, context_tokens
 from tandem.serve.cloud_metrics import CloudMetrics, serve_metrics
-from tandem.transport import ChannelClosed, Error, Message, Server, TransportConfig, serve
+from tandem.transport import (
+    STALLED_BYE,
+    ChannelClosed,
+    Error,
+    Message,
+    PeerSaidBye,
+    Server,
+    TransportConfig,
+    serve,
+)
 
 log = logging.getLogger(__name__)
 
@@ -248,8 +257,9 @@ class CloudServer:
         finally:
             del self.open[channel]
             failure = getattr(channel, "failure", None)
-            if mode.ends_with_bye and str(failure or "").startswith("peer said bye"):
-                failure = None  # the mode's normal end (tandem.transport.channel: the Bye)
+            if mode.ends_with_bye and isinstance(failure, PeerSaidBye):
+                if failure.reason != STALLED_BYE:  # not a stalled peer: the mode's normal end
+                    failure = None
             reason, error = end_reason(result, error, failure)
             stats = result if isinstance(result, dict) else {}
             record = _record(

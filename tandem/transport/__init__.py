@@ -71,6 +71,7 @@ Sans-I/O use (h11 style)::
 """
 
 from tandem.transport.channel import (
+    STALLED_BYE,
     ByteStream,
     Channel,
     FramedChannel,
@@ -90,6 +91,7 @@ from tandem.transport.errors import (
     HandshakeError,
     LimitExceeded,
     PeerDead,
+    PeerSaidBye,
     ProtocolError,
     TransportError,
     VersionMismatch,
@@ -130,7 +132,7 @@ from tandem.transport.wire import (
 
 __all__ = [
     "AuthResponse", "AuthenticationFailed", "Bye", "ByteStream", "CONNECTION_CLOSED",
-    "Challenge", "Channel", "ChannelClosed", "ClientHandshake", "ConnectError",
+    "Challenge", "Channel", "PeerSaidBye", "STALLED_BYE", "ChannelClosed", "ClientHandshake", "ConnectError",
     "ConnectionClosed", "DraftTokens", "EmulatedStream", "Error", "FingerprintMismatch",
     "FrameParser", "FramedChannel", "HandshakeError", "Hello", "Interrupt", "LimitExceeded",
     "Limits", "LinkConfig", "LinkModel", "MemoryStream", "Message", "PROTOCOL_VERSION",

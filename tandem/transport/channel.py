@@ -52,7 +52,13 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from tandem.transport.emulator import EmulatedStream, LinkConfig
-from tandem.transport.errors import ChannelClosed, PeerDead, ProtocolError, TransportError
+from tandem.transport.errors import (
+    ChannelClosed,
+    PeerDead,
+    PeerSaidBye,
+    ProtocolError,
+    TransportError,
+)
 from tandem.transport.handshake import PROTOCOL_VERSION, SessionInfo
 from tandem.transport.messages import Bye, Error, Hello, Message, Ping, Pong
 from tandem.transport.tlsutil import TlsConfig
@@ -440,7 +446,7 @@ class FramedChannel:
             if waiter is not None and not waiter.done():
                 waiter.set_result(rtt)
         elif isinstance(msg, Bye):
-            self._fail(ChannelClosed(f"peer said bye{': ' + msg.reason if msg.reason else ''}"))
+            self._fail(PeerSaidBye(msg.reason))
         else:
             self._inbox.put_nowait((msg, size))
             self.queued_messages += 1

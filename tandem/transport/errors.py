@@ -64,6 +64,17 @@ class ChannelClosed(TransportError):
     """The channel is closed: the peer said Bye, the stream ended, or close() was called."""
 
 
+class PeerSaidBye(ChannelClosed):
+    """The peer closed the channel with a Bye; `reason` is what it said (may be empty)."""
+
+    def __init__(self, reason: str = "") -> None:
+        super().__init__(reason)  # args = (reason,): a copy is made from them
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return f"peer said bye{': ' + self.reason if self.reason else ''}"
+
+
 class PeerDead(TransportError):
     """The peer stayed silent (no data, no Pong) for longer than the dead-peer timeout."""
 

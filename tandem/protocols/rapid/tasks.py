@@ -22,8 +22,8 @@ How a task is built (nothing is downloaded, nothing is random):
      output, for throughput and acceptance).
    - "code": a code task whose needed API fact is documented in the context: write
      `def answer():` returning the default of the parameter `P` of `F` (a "default" needle);
-     metric: pass@1, the model's code plus `assert answer() == <literal>` executed in a
-     separate Python process with a timeout (never in the benchmark's process).
+     metric: pass@1, the model's code plus `assert answer() == <literal>` executed by
+     `tandem.sandbox` (another process, a timeout, limits; never the benchmark's process).
    Candidates of a kind are ordered by sha256(salt, kind, document id) and taken in order.
 3. The *long context* of a task (`build_tasks`): the needle's module text plus *distractor* module texts
    (every other module whose text fits, ordered by sha256(salt, task id, module)), added until
@@ -107,20 +107,10 @@ def code_of(output: str) -> str:
 
 
 def passes(program: str, timeout: float = CODE_TIMEOUT_S) -> bool:
-    """Does `program` exit 0 in a fresh, isolated Python process within `timeout` seconds?"""
-    import subprocess
-    import sys
+    """Does `program` exit 0 in the sandbox (`tandem.sandbox`) within `timeout` seconds?"""
+    from tandem.sandbox import execute
 
-    try:
-        done = subprocess.run(
-            [sys.executable, "-I", "-c", program],
-            capture_output=True,
-            timeout=timeout,
-            stdin=subprocess.DEVNULL,
-        )
-    except subprocess.TimeoutExpired:
-        return False
-    return done.returncode == 0
+    return execute(program, timeout_s=timeout).passed
 
 
 def score_answer(kind: str, answer: str, needle: str, output: str) -> float:
