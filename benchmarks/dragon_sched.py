@@ -12,15 +12,15 @@ Words used here:
   message takes RTT(t_send) / 2 + transfer_s, and each direction is FIFO (TCP: no overtaking).
   noise(t) is a seeded Gaussian per 100 ms bucket, so RTT is a pure function of t.
 
-The model (paper Sec. 4.2 steps 1-5 and Sec. 5, as `session.py` / `worker.py` implement it):
-- each side drafts continuously, one draft per decode, at most `lookahead` unresolved own
-  drafts ahead of the targets it knows; a draft goes to the peer at once (both sides hold
-  both draft queues);
-- the aggregator resolves position t as soon as it holds both drafts for t (aggregation takes
-  `aggregate_s`), then asks `Scheduler.decide` (the live object, fed what the live side knows:
-  `LatencyModel` per side updated with every draft timing seen, `AcceptanceTracker` with the
-  observed 0/1 acceptances, an RFC 6298 smoothed RTT of in-band pings every `rtt_probe_s`)
-  and sends the target token (or the switch, which carries it) to the peer;
+The model (paper Sec. 4.2 steps 1-5 and Sec. 5). The rules are not modelled but run: each side
+is the live `tandem.protocols.dragon.machine.SideMachine` (draft queues, epochs, resolution,
+`Scheduler.decide` fed what the live side knows: `LatencyModel` per side updated with every
+draft seen, `AcceptanceTracker` with the observed 0/1 acceptances), with `ReplayRule` giving
+the recorded outcome in place of Algorithm 1. Modelled, on virtual time, is only the I/O:
+- each side's decoder drafts continuously, one draft per decode, at most `lookahead`
+  unresolved own drafts ahead of the targets it knows (`worker.DraftWorker`);
+- the link: the machines' messages with the delays above; the RTT the scheduler reads is an
+  RFC 6298 smoothed RTT of in-band pings every `rtt_probe_s`;
 - a side learns a resolution when it aggregates or when the target arrives; a rejected side
   cancels its decode in flight at once (preemption), drops its queued drafts (epochs: stale
   drafts arriving later are dropped) and decodes the target to draft t+1 from there;
@@ -41,8 +41,16 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tandem.protocols.dragon.config import CLOUD, DEVICE, SIDES, peer_of
-from tandem.protocols.dragon.profiler import AcceptanceTracker, LatencyModel, fit_latency
-from tandem.protocols.dragon.scheduler import Estimates, Scheduler
+from tandem.protocols.dragon.machine import (
+    Committed,
+    SendDraft,
+    SendSwitch,
+    SendTarget,
+    SideMachine,
+)
+from tandem.protocols.dragon.profiler import LatencyModel, fit_latency
+from tandem.protocols.dragon.queues import Draft
+from tandem.protocols.dragon.scheduler import Scheduler
 from tandem.transport.channel import RttEstimator
 
 STRATEGIES = ("cloud", "device", "random", "dragon")
@@ -51,9 +59,11 @@ NOISE_BUCKET_S = 0.1
 
 @dataclass(frozen=True)
 class Trace:
-    """Acceptance of each side's draft, per position."""
+    """Acceptance of each side's draft, per position, and (when recorded) the acceptance rate
+    the live tracker learnt there (Eq. 5 of the two drafts' laws; 0/1 without it)."""
 
     accepted: dict[str, tuple[bool, ...]]
+    rates: dict[str, tuple[float, ...]] | None = None
 
     def __len__(self) -> int:
         return len(self.accepted[DEVICE])
@@ -110,12 +120,12 @@ class DecodeTimes:
 class SimConfig:
     tokens: int = 100
     lookahead: int = 8
-    aggregate_s: float = 0.0
     acceptance_ema: float = 0.3
     slope_weight: float = 0.1
     rtt_probe_s: float = 0.5
     switch_margin_s: float = 0.0
     prompt_context: int = 128  # context length of a row before the first draft
+    recorded_rates: bool = True  # the tracker learns the trace's Eq. 5 rates (if it has them)
 
 
 @dataclass
@@ -135,40 +145,69 @@ class SimResult:
         return self.token_times[-1]
 
 
+@dataclass(frozen=True)
+class ReplayRule:
+    """The recorded outcome instead of Algorithm 1: a side's draft for a position carries
+    token TARGET if the trace accepted it, its own reject token otherwise, and the target is
+    always TARGET (outcomes depend only on the position seeds: see the module docstring). The
+    tracker learns the recorded rates when the trace has them and `use_rates`, else 0/1."""
+
+    trace: Trace
+    use_rates: bool = True
+
+    TARGET = 0
+    REJECTED = {DEVICE: 1, CLOUD: 2}
+
+    def aggregate(self, device: Draft, cloud: Draft) -> int:
+        return self.TARGET
+
+    def rates(self, device: Draft, cloud: Draft, accepted: dict[str, bool]) -> dict[str, float]:
+        if self.use_rates and self.trace.rates is not None:
+            return {s: self.trace.rates[s][device.position] for s in SIDES}
+        return {s: float(accepted[s]) for s in SIDES}
+
+    def token(self, side: str, position: int) -> int:
+        return self.TARGET if self.trace.accepted[side][position] else self.REJECTED[side]
+
+
 @dataclass
-class _Side:
-    name: str
-    latency: dict[str, LatencyModel]
-    tracker: AcceptanceTracker
-    rtt: RttEstimator = field(default_factory=RttEstimator)
-    next_probe: float = 0.0
-    aggregator: bool = False
-    known: int = 0  # targets this side knows
-    pending: list[int] = field(default_factory=list)  # own unresolved draft positions
-    queues: dict[str, dict[int, int]] = field(default_factory=lambda: {s: {} for s in SIDES})
-    epochs: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SIDES, 0))
+class _Worker:
+    """A side's decoder, emulated: what `worker.DraftWorker` does, on virtual time."""
+
+    pending: int = 0  # own unresolved drafts in the queue
+    epoch: int = 0
     busy: bool = False
     decode_id: int = 0
+    rtt: RttEstimator = field(default_factory=RttEstimator)
+    next_probe: float = 0.0
 
 
 class Simulation:
-    """One replay of a trace; `run()` returns the device's token times."""
+    """One replay of a trace; `run()` returns the device's token times. Each side is the live
+    `SideMachine` (the rules), fed on virtual time; only the decoder and the link are modelled."""
 
     def __init__(self, trace, decode, network, strategy, config, *, seed=0):
         assert len(trace) >= config.tokens, (len(trace), config.tokens)
         self.trace, self.decode, self.net, self.config = trace, decode, network, config
         self.strategy = strategy
-        self.scheduler = Scheduler(strategy, seed=seed, margin=config.switch_margin_s)
         self.rng = np.random.default_rng(seed)
-        self.sides = {
-            s: _Side(
+        self.now = 0.0
+        self.workers = {s: _Worker() for s in SIDES}
+        self.rule = ReplayRule(trace, use_rates=config.recorded_rates)
+        self.machines = {
+            s: SideMachine(
                 s,
+                rule=self.rule,
+                scheduler=Scheduler(strategy, seed=seed, margin=config.switch_margin_s),
+                first_aggregator=CLOUD if strategy == CLOUD else DEVICE,
+                max_new_tokens=config.tokens,
                 latency={o: decode.offline(o, config.prompt_context) for o in SIDES},
-                tracker=AcceptanceTracker(config.acceptance_ema),
+                rtt=lambda s=s: self._rtt(s),
+                acceptance_ema=config.acceptance_ema,
+                slope_weight=config.slope_weight,
             )
             for s in SIDES
         }
-        self.sides[CLOUD if strategy == CLOUD else DEVICE].aggregator = True
         self.events: list = []
         self.seq = 0
         self.fifo = dict.fromkeys(SIDES, 0.0)  # sender -> last arrival time at the peer
@@ -183,132 +222,101 @@ class Simulation:
         heapq.heappush(self.events, (time, self.seq, kind, payload))
         self.seq += 1
 
-    def _send(self, sender: str, now: float, kind: str, *payload) -> None:
-        arrival = now + self.net.rtt(now) / 2 + self.net.transfer_s
+    def _send(self, sender: str, kind: str, *payload) -> None:
+        arrival = self.now + self.net.rtt(self.now) / 2 + self.net.transfer_s
         arrival = max(arrival, self.fifo[sender])
         self.fifo[sender] = arrival
         self._at(arrival, kind, peer_of(sender), *payload)
 
     def run(self) -> SimResult:
         for side in SIDES:
-            self._start_draft(self.sides[side], 0.0)
+            self._start_draft(side)
         while self.events and len(self.token_times) < self.config.tokens:
-            now, _, kind, payload = heapq.heappop(self.events)
-            getattr(self, f"_on_{kind}")(now, *payload)
+            self.now, _, kind, payload = heapq.heappop(self.events)
+            getattr(self, f"_on_{kind}")(*payload)
         assert len(self.token_times) == self.config.tokens, "simulation stalled"
         return SimResult(
             self.strategy, self.token_times, self.aggregated_by, self.switches, self.cancelled
         )
 
+    def _apply(self, side: str, actions: list) -> None:
+        """Carry out a machine's actions: the link and the decoder, on virtual time."""
+        for action in actions:
+            if isinstance(action, SendDraft):
+                self._send(side, "draft_arrive", action.draft)
+            elif isinstance(action, SendTarget):
+                self._send(side, "target", action.position, action.token)
+            elif isinstance(action, SendSwitch):
+                self.switches += 1
+                self._send(side, "switch", action.position, action.token, action.aggregator)
+            elif isinstance(action, Committed):
+                self._committed(side, action)
+
     # -- drafting ------------------------------------------------------------------------------
 
-    def _start_draft(self, side: _Side, now: float) -> None:
-        position = side.known + len(side.pending)
-        if (
-            side.busy
-            or position >= self.config.tokens
-            or len(side.pending) >= self.config.lookahead
-        ):
+    def _start_draft(self, name: str) -> None:
+        worker = self.workers[name]
+        position = len(self.machines[name].committed) + worker.pending
+        if worker.busy or position >= self.config.tokens or worker.pending >= self.config.lookahead:
             return
-        side.busy = True
-        side.decode_id += 1
-        seconds = self.decode.draw(side.name, self.rng)
-        epoch = side.epochs[side.name]
-        self._at(now + seconds, "draft_done", side.name, position, epoch, side.decode_id, seconds)
+        worker.busy = True
+        worker.decode_id += 1
+        seconds = self.decode.draw(name, self.rng)
+        at = self.now + seconds
+        self._at(at, "draft_done", name, position, worker.epoch, worker.decode_id, seconds)
 
-    def _on_draft_done(self, now, name, position, epoch, decode_id, seconds) -> None:
-        side = self.sides[name]
-        if decode_id != side.decode_id:
+    def _on_draft_done(self, name, position, epoch, decode_id, seconds) -> None:
+        worker, machine = self.workers[name], self.machines[name]
+        if decode_id != worker.decode_id:
             return  # cancelled by a rejection
-        side.busy = False
-        context = self.config.prompt_context + position
-        side.latency[name].update(context, seconds, self.config.slope_weight)
-        if epoch == side.epochs[name] and position == side.known + len(side.pending):
-            side.pending.append(position)
-            side.queues[name][position] = epoch
-            self._send(name, now, "draft_arrive", name, position, epoch, seconds)
-            self._try_aggregate(side, now)
-        self._start_draft(side, now)
+        worker.busy = False
+        if epoch == worker.epoch and position == len(machine.committed) + worker.pending:
+            worker.pending += 1
+            draft = Draft(
+                side=name, position=position, epoch=epoch,
+                token=self.rule.token(name, position), sent_probs=None,
+                logweight=0.0, payload=b"", decode_s=seconds,
+                context=self.config.prompt_context + position, created=self.now,
+            )  # fmt: skip
+            self._apply(name, machine.own_draft(draft))
+        self._start_draft(name)
 
-    def _on_draft_arrive(self, now, at, drafter, position, epoch, seconds) -> None:
-        side = self.sides[at]
-        context = self.config.prompt_context + position
-        side.latency[drafter].update(context, seconds, self.config.slope_weight)
-        if epoch == side.epochs[drafter] and position >= side.known:
-            side.queues[drafter][position] = epoch
-            self._try_aggregate(side, now)
+    def _on_draft_arrive(self, at, draft) -> None:
+        self._apply(at, self.machines[at].peer_draft(draft))
 
-    # -- aggregation and resolution ------------------------------------------------------------
+    # -- resolution ----------------------------------------------------------------------------
 
-    def _try_aggregate(self, side: _Side, now: float) -> None:
-        position = side.known
-        if not side.aggregator or position >= self.config.tokens:
-            return
-        if not all(position in side.queues[s] for s in SIDES):
-            return
-        if self.config.aggregate_s > 0:
-            side.aggregator = False  # busy aggregating; resumes in _on_aggregated
-            self._at(now + self.config.aggregate_s, "aggregated", side.name, position)
+    def _on_target(self, at, position, token) -> None:
+        self._apply(at, self.machines[at].target(position, token))
+
+    def _on_switch(self, at, position, token, aggregator) -> None:
+        self._apply(at, self.machines[at].switch(position, token, aggregator))
+
+    def _committed(self, name: str, c: Committed) -> None:
+        worker = self.workers[name]
+        if c.by == name and c.aggregated:
+            self.aggregated_by[name] += 1
+        if c.accepted[name]:
+            worker.pending -= 1
         else:
-            self._on_aggregated(now, side.name, position)
+            worker.pending, worker.epoch = 0, c.epoch
+            self.cancelled += int(worker.busy)
+            worker.busy = False
+            worker.decode_id += 1  # the decode in flight (if any) is cancelled
+        if name == DEVICE:
+            self.token_times.append(self.now)
+        self._start_draft(name)
 
-    def _on_aggregated(self, now, name, position) -> None:
-        side = self.sides[name]
-        accepted = {s: self.trace.accepted[s][position] for s in SIDES}
-        self.aggregated_by[name] += 1
-        self._resolve(side, position, accepted, now)
-        nxt = name
-        if position + 1 < self.config.tokens:
-            nxt = self.scheduler.decide(name, position, self._estimates(side, now)).aggregator
-        self.switches += int(nxt != name)
-        side.aggregator = nxt == name
-        self._send(name, now, "target", position, accepted, nxt)
-        if side.aggregator:
-            self._try_aggregate(side, now)
-
-    def _on_target(self, now, at, position, accepted, nxt) -> None:
-        side = self.sides[at]
-        self._resolve(side, position, accepted, now)
-        if nxt == at:
-            side.aggregator = True
-            self._try_aggregate(side, now)
-
-    def _resolve(self, side: _Side, position: int, accepted: dict[str, bool], now: float) -> None:
-        assert position == side.known, (side.name, position, side.known)
-        for s in SIDES:
-            if accepted[s]:
-                side.queues[s].pop(position, None)
-            else:
-                side.queues[s].clear()
-                side.epochs[s] += 1
-        side.tracker.observe({s: float(accepted[s]) for s in SIDES}, accepted)
-        side.known = position + 1
-        if accepted[side.name]:
-            assert side.pending and side.pending[0] == position, (side.name, side.pending)
-            side.pending.pop(0)
-        else:
-            side.pending.clear()
-            if side.busy:
-                self.cancelled += 1
-            side.busy = False
-            side.decode_id += 1  # the decode in flight (if any) is cancelled
-        if side.name == DEVICE:
-            self.token_times.append(now)
-        self._start_draft(side, now)
-
-    def _estimates(self, side: _Side, now: float) -> Estimates:
-        """What the live side would know: pings completed by now, fitted latencies, alphas."""
-        probe = self.config.rtt_probe_s
-        if side.rtt.srtt is None:  # the ping at session start
-            side.rtt.add(self.net.rtt(0.0))
-            side.next_probe = probe
-        while probe > 0 and side.next_probe + self.net.rtt(side.next_probe) <= now:
-            side.rtt.add(self.net.rtt(side.next_probe))
-            side.next_probe += probe
-        context = self.config.prompt_context + side.known
-        c_dec = {s: side.latency[s].predict(context + 1) for s in SIDES}
-        rtt = float(side.rtt.srtt) + 2 * self.net.transfer_s
-        return Estimates(c_dec=c_dec, alpha=side.tracker.alpha(), rtt=rtt)
+    def _rtt(self, name: str) -> float:
+        """What the live side would know: the smoothed RTT of the pings completed by now."""
+        worker, probe = self.workers[name], self.config.rtt_probe_s
+        if worker.rtt.srtt is None:  # the ping at session start
+            worker.rtt.add(self.net.rtt(0.0))
+            worker.next_probe = probe
+        while probe > 0 and worker.next_probe + self.net.rtt(worker.next_probe) <= self.now:
+            worker.rtt.add(self.net.rtt(worker.next_probe))
+            worker.next_probe += probe
+        return float(worker.rtt.srtt) + 2 * self.net.transfer_s
 
 
 def simulate(trace, decode, network, strategy, config=SimConfig(), *, seed=0) -> SimResult:
@@ -323,15 +331,24 @@ def bootstrap_traces(
     rng = np.random.default_rng(seed)
     usable = [t for t in recorded if len(t) >= block]
     assert usable, "no recorded trace is as long as one block"
+    with_rates = all(t.rates is not None for t in usable)
     out = []
     for _ in range(count):
         parts = {s: [] for s in SIDES}
+        rates = {s: [] for s in SIDES}
         while len(parts[DEVICE]) < tokens:
             trace = usable[rng.integers(len(usable))]
             start = int(rng.integers(len(trace) - block + 1))
             for s in SIDES:
                 parts[s].extend(trace.accepted[s][start : start + block])
-        out.append(Trace({s: tuple(parts[s][:tokens]) for s in SIDES}))
+                if with_rates:
+                    rates[s].extend(trace.rates[s][start : start + block])
+        out.append(
+            Trace(
+                {s: tuple(parts[s][:tokens]) for s in SIDES},
+                {s: tuple(rates[s][:tokens]) for s in SIDES} if with_rates else None,
+            )
+        )
     return out
 
 
@@ -398,6 +415,7 @@ def _record_runs(device_lm, cloud_lm, tokens: int, temperature: float, questions
             {
                 "question": question,
                 "accepted": {s: [bool(r[s]) for r in rows] for s in SIDES},
+                "rates": {s: [float(r[f"rate_{s}"]) for r in rows] for s in SIDES},
                 "decode_times": {s: [list(x) for x in device.decode_times[s]] for s in SIDES},
                 "mean_per_token_s": device.mean_per_token_s,
             }
@@ -408,7 +426,13 @@ def _record_runs(device_lm, cloud_lm, tokens: int, temperature: float, questions
 def load_recording(recording: dict, *, skip_first: int = 1) -> tuple[list[Trace], DecodeTimes]:
     """Traces and decode-time samples of a recording (each side's first `skip_first` drafts
     per run are dropped: warm-up)."""
-    traces = [Trace({s: tuple(r["accepted"][s]) for s in SIDES}) for r in recording["runs"]]
+    traces = [
+        Trace(
+            {s: tuple(r["accepted"][s]) for s in SIDES},
+            {s: tuple(r["rates"][s]) for s in SIDES} if "rates" in r else None,
+        )
+        for r in recording["runs"]
+    ]
     samples, profile = {}, {}
     for s in SIDES:
         pairs = [p for r in recording["runs"] for p in r["decode_times"][s][skip_first:]]
@@ -430,6 +454,7 @@ class SchedConfig:
     box_extra_s: float = 0.3
     acceptance_ema: float = 0.3  # the live default (DragonConfig.acceptance_ema)
     switch_margin_s: float = 0.0  # the live default (DragonConfig.switch_margin_s)
+    recorded_rates: bool = True  # False: the tracker learns 0/1 outcomes (older recordings)
     seed: int = 0
 
     @property
@@ -438,6 +463,7 @@ class SchedConfig:
             tokens=self.tokens,
             acceptance_ema=self.acceptance_ema,
             switch_margin_s=self.switch_margin_s,
+            recorded_rates=self.recorded_rates,
         )
 
 
@@ -539,6 +565,9 @@ def run(*, recording: dict, config: SchedConfig, out, name: str = "dragon_sched"
             "runs": len(recorded),
             "positions": [len(t) for t in recorded],
             "acceptance_rate": rates,
+            "scheduler_learns": "recorded Eq. 5 rates"
+            if config.recorded_rates and all(t.rates is not None for t in recorded)
+            else "0/1 outcomes",
             "decode_mean_s": {s: float(decode.samples[s].mean()) for s in SIDES},
             "decode_std_s": {s: float(decode.samples[s].std()) for s in SIDES},
             "machines": recording.get("machines"),  # where the decode times were measured

@@ -151,7 +151,7 @@ class _Device:
         times: list[float] = []
         start = time.perf_counter()
 
-        def on_token(_token: int, *_rest) -> None:
+        def on_token(_token: int) -> None:
             times.append(time.perf_counter() - start)
 
         tokens = asyncio.run(self._run(method, question, max_new_tokens, on_token))

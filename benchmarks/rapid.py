@@ -330,7 +330,8 @@ def cost_model(costs: dict[int, dict], summary: list[dict], *, gamma: int) -> di
     """Predicted speedup of RAPID over LC at each context from the measured per-step costs:
     LC pays t_lc(L) per token; a RAPID round pays gamma drafter steps t_d (short context) and
     one block verification t_v(L) and emits E(a) tokens, so speedup = t_lc(L) E(a) /
-    (gamma t_d + t_v(L)). The crossover context solves speedup = 1 with t_lc and t_v fitted
+    (gamma t_d + t_v(L)); E(a) assumes i.i.d. acceptance, so each context also gets the same
+    prediction with the tokens per round the run measured (`*_measured_rounds`). The crossover context solves speedup = 1 with t_lc and t_v fitted
     linearly in L over the measured contexts and `a` the pooled acceptance; the measured
     crossover interpolates the measured speedups (linear in L) where they cross 1."""
     import numpy as np
@@ -345,14 +346,20 @@ def cost_model(costs: dict[int, dict], summary: list[dict], *, gamma: int) -> di
         e = tokens_per_round(a, gamma)
         t_d, t_v, t_lc = costs[c]["draft_ms"], costs[c]["block_ms"], costs[c]["decode_ms"]
         predicted = t_lc * e / (gamma * t_d + t_v)
-        per_context.append(
-            {
-                "context": c, "acceptance": a, "tokens_per_round_model": e, "t_lc_ms": t_lc,
-                "t_draft_ms": t_d, "t_verify_ms": t_v, "predicted_speedup": predicted,
-                "measured_speedup": exact[c]["speedup"],
-                "error": predicted / exact[c]["speedup"] - 1.0,
-            }
-        )  # fmt: skip
+        row = {
+            "context": c, "acceptance": a, "tokens_per_round_model": e, "t_lc_ms": t_lc,
+            "t_draft_ms": t_d, "t_verify_ms": t_v, "predicted_speedup": predicted,
+            "measured_speedup": exact[c]["speedup"],
+            "error": predicted / exact[c]["speedup"] - 1.0,
+        }  # fmt: skip
+        measured_e = exact[c].get("tokens_per_round")
+        if measured_e:  # acceptance is not i.i.d.: the same model with the rounds' real yield
+            row["tokens_per_round_measured"] = measured_e
+            row["predicted_speedup_measured_rounds"] = t_lc * measured_e / (gamma * t_d + t_v)
+            row["error_measured_rounds"] = (
+                row["predicted_speedup_measured_rounds"] / exact[c]["speedup"] - 1.0
+            )
+        per_context.append(row)
     model: dict[str, Any] = {"per_context": per_context, "crossover_predicted": None,
                              "crossover_measured": None}  # fmt: skip
     if len(contexts) >= 2:
@@ -380,6 +387,14 @@ def cost_model(costs: dict[int, dict], summary: list[dict], *, gamma: int) -> di
         if pred is not None and meas:
             model["crossover_error"] = pred / meas - 1.0
     return model
+
+
+def shared_prefix(tokenizer, tasks) -> list[int]:
+    """The token prefix every task's target prompt shares (the long context): prefilled once
+    per context length and continued by each question."""
+    from tandem.protocols.rapid.prompts import target_prompt
+
+    return _common_prefix([target_prompt(tokenizer, t.context, t.question) for t in tasks])
 
 
 def _common_prefix(rows: list[list[int]]) -> list[int]:
@@ -436,7 +451,6 @@ def run(
 
     from tandem.models.registry import check_backend, load_model
     from tandem.protocols.rapid.config import RapidConfig, RetrievalConfig
-    from tandem.protocols.rapid.prompts import target_prompt
     from tandem.protocols.rapid.states import Prefilled
     from tandem.protocols.rapid.tasks import build_shared_tasks
     from tandem.retrieval.embedder import load_embedder
@@ -500,9 +514,7 @@ def run(
                     target_lm.tokenizer, context_tokens=length, num_tasks=tasks_per_kind
                 )
                 memo = MemoEmbedder(embed)
-                shared = _common_prefix(
-                    [target_prompt(target_lm.tokenizer, t.context, t.question) for t in tasks]
-                )
+                shared = shared_prefix(target_lm.tokenizer, tasks)
                 console.log(f"context {length}: {len(tasks)} tasks, prefix {len(shared)} tokens")
                 prefix = Prefilled.cached(target_lm, shared, kv_cache)
                 prefills[length] = {"tokens": len(shared), "prefill_s": prefix.prefill_s,

@@ -162,6 +162,34 @@ def rapid(
     )
 
 
+@app.command("rapid-steps")
+def rapid_steps(
+    contexts: list[int] = typer.Option(
+        [4096, 8192, 16384], "--context", help="Context lengths in tokens (RAPID's shared ones)."
+    ),
+    variants: list[str] = typer.Option(
+        ["f16", "f16+flash", "q8_0+flash"], "--variant", help="f16, f16+flash, q8_0+flash."
+    ),
+    model: str = typer.Option("qwen2.5-coder-0.5b", "--model"),
+    gamma: int = typer.Option(5, "--gamma", min=1),
+    repeats: int = typer.Option(7, "--repeats", min=1),
+    cpus: str = typer.Option("", help="Cores of the machine, e.g. 0-1 (default: all)."),
+    name: str = typer.Option("rapid_steps", "--name", help="Result file name."),
+    out: Path = OUT,
+) -> None:
+    """Decode step vs verification block at long contexts, with and without flash attention
+    and a q8_0 KV cache (llama.cpp)."""
+    from benchmarks.rapid import DEFAULT_KV_CACHE
+    from benchmarks.rapid_steps import run
+    from tandem.testbed.cpus import parse_cpus
+
+    run(
+        out=out, contexts=contexts, variants=variants, model=model, gamma=gamma,
+        repeats=repeats, kv_cache=DEFAULT_KV_CACHE, cpus=parse_cpus(cpus) if cpus else None,
+        name=name,
+    )  # fmt: skip
+
+
 @app.command("spec")
 def spec(
     quick: bool = typer.Option(False, "--quick", help="One prompt, 16 tokens."),

@@ -66,6 +66,9 @@ def scheduling(
     switch_margin: float = typer.Option(
         0.0, "--switch-margin", min=0.0, help="Scheduler: switch only when better by this (s)."
     ),
+    zero_one_rates: bool = typer.Option(
+        False, "--zero-one-rates", help="Scheduler learns 0/1 outcomes, not recorded Eq. 5 rates."
+    ),
     name: str = typer.Option("dragon_sched", "--name", help="Result file name (no suffix)."),
     quick: bool = typer.Option(False, "--quick", help="Tiny models, 10 traces (~1 min)."),
     device_cpus: str = DEVICE_CPUS,
@@ -80,8 +83,9 @@ def scheduling(
 
     torch.set_num_threads(1)
     config = SchedConfig(
-        traces=traces, tokens=tokens, acceptance_ema=acceptance_ema, switch_margin_s=switch_margin
-    )
+        traces=traces, tokens=tokens, acceptance_ema=acceptance_ema,
+        switch_margin_s=switch_margin, recorded_rates=not zero_one_rates,
+    )  # fmt: skip
     questions = QUESTIONS
     if quick:
         model, cloud_model = "tiny-qwen2", "tiny-qwen2-b"
@@ -89,6 +93,7 @@ def scheduling(
         config = SchedConfig(
             traces=min(traces, 10), tokens=min(tokens, 50), extras_s=(0.0, 0.2),
             acceptance_ema=acceptance_ema, switch_margin_s=switch_margin,
+            recorded_rates=not zero_one_rates,
         )  # fmt: skip
     path = recording or out / TRACES_FILE
     cpus = role_cpus(device_cpus, cloud_cpus)

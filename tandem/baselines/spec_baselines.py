@@ -19,12 +19,12 @@ import time
 
 from tandem.errors import TandemError
 from tandem.models.base import CausalLM
-from tandem.protocols.decoding import decode_steps, position_draw
+from tandem.protocols.decoding import OnToken, decode_steps, position_draw
 from tandem.protocols.spec import wire
 from tandem.protocols.spec.cloud import parse_start
 from tandem.protocols.spec.config import SpecConfig
 from tandem.protocols.spec.context import LMContext
-from tandem.protocols.spec.device import OnToken, run_device
+from tandem.protocols.spec.device import run_device
 from tandem.protocols.spec.stats import SpecReport
 from tandem.transport import ChannelClosed, Error, TargetToken, TransportError
 

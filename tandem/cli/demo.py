@@ -10,7 +10,6 @@ with the private notes, the cloud's 1.5B verifies with the public docs (docs/pri
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import typer
@@ -59,6 +58,8 @@ def demo(
     if mode != "dragon":
         raise TandemError(f"unknown demo mode {mode!r}; choose dragon or private-spec")
 
+    from tandem.models.registry import load_tokenizer
+    from tandem.protocols.decoding import text_stream
     from tandem.protocols.dragon import DragonConfig
     from tandem.serve.dragon_demo import DEFAULT_QUESTION, run_demo
 
@@ -69,11 +70,8 @@ def demo(
     )  # fmt: skip
     question = question or DEFAULT_QUESTION
     console.print(f"[bold]question[/bold]: {question}")
-
-    def show(_token: int, piece: str) -> None:
-        sys.stdout.write(piece)
-        sys.stdout.flush()
-
+    tokenizer = load_tokenizer(model)
+    show = text_stream(tokenizer, eos=tokenizer.eos_token_id)
     report = run_demo(
         question=question,
         config=config,
@@ -167,6 +165,7 @@ def run_dragon_device(
     from rich.console import Console
 
     from tandem.errors import TandemError
+    from tandem.protocols.decoding import text_stream
     from tandem.protocols.dragon import DragonConfig
     from tandem.protocols.dragon.setup import load_side, set_threads
     from tandem.serve.dragon_session import emulated_link, run_device_session
@@ -179,10 +178,7 @@ def run_dragon_device(
     )  # fmt: skip
     set_threads(threads)
     setup = load_side(corpus=corpus, model=model, docs=docs)
-
-    def show(_token: int, piece: str) -> None:
-        sys.stdout.write(piece)
-        sys.stdout.flush()
+    show = text_stream(setup.lm.tokenizer, eos=setup.lm.tokenizer.eos_token_id)
 
     report = asyncio.run(
         run_device_session(
@@ -213,6 +209,8 @@ def _private_spec_demo(question, eta, max_new_tokens, temperature, seed, docs, p
                        json_out) -> None:  # fmt: skip
     from rich.console import Console
 
+    from tandem.models.registry import load_tokenizer
+    from tandem.protocols.decoding import text_stream
     from tandem.protocols.private_spec import private_config
     from tandem.protocols.spec.stats import summary_table
     from tandem.serve.dragon_demo import DEFAULT_QUESTION, default_private_corpus
@@ -225,22 +223,7 @@ def _private_spec_demo(question, eta, max_new_tokens, temperature, seed, docs, p
     )  # fmt: skip
     question = question or DEFAULT_QUESTION
     console.print(f"[bold]question[/bold]: {question}")
-    shown: list[int] = []
-    printed = ""
-    tokenizer = None
-
-    def show(token: int) -> None:
-        nonlocal printed, tokenizer
-        if tokenizer is None:
-            from tandem.models.registry import load_tokenizer
-
-            tokenizer = load_tokenizer("qwen2.5-coder-0.5b")
-        shown.append(token)
-        text = tokenizer.decode(shown)
-        if not text.endswith("\ufffd"):
-            sys.stdout.write(text[len(printed) :])
-            sys.stdout.flush()
-            printed = text
+    show = text_stream(load_tokenizer("qwen2.5-coder-0.5b"))
 
     report = run_private_demo(
         question=question, config=config, private_corpus=private or default_private_corpus(),

@@ -99,6 +99,7 @@ def run(
 
     from tandem.baselines.spec_baselines import run_device_only
     from tandem.models.registry import load_model
+    from tandem.protocols.decoding import text_stream
     from tandem.protocols.spec.config import SpecConfig
     from tandem.protocols.spec.stats import summary_table
     from tandem.serve.api.backends import GenParams
@@ -134,17 +135,7 @@ def run(
     torch.set_num_threads(threads)
     lm = load_model(model)
     ids = lm.tokenizer.encode(prompt) if raw else lm.tokenizer.chat_prompt(prompt)
-    shown: list[int] = []
-    printed = ""
-
-    def show(token: int, _piece: str = "") -> None:
-        nonlocal printed
-        shown.append(token)
-        text = lm.tokenizer.decode(shown)
-        if not text.endswith("\ufffd"):
-            sys.stdout.write(text[len(printed) :])
-            sys.stdout.flush()
-            printed = text
+    show = text_stream(lm.tokenizer)
 
     console = Console(stderr=True)
     if mode == "local":

@@ -26,6 +26,7 @@ def generate(
     """Generate text with one model, streaming tokens as they come."""
     from tandem.config import SamplingConfig
     from tandem.models.registry import load_model
+    from tandem.protocols.decoding import text_stream
     from tandem.protocols.local import generate as run
 
     config = SamplingConfig(
@@ -34,11 +35,7 @@ def generate(
     lm = load_model(model)
     ids = lm.tokenizer.encode(prompt) if raw else lm.tokenizer.chat_prompt(prompt)
 
-    def show(_token: int, piece: str) -> None:
-        sys.stdout.write(piece)
-        sys.stdout.flush()
-
-    result = run(lm, ids, config, on_token=show)
+    result = run(lm, ids, config, on_token=text_stream(lm.tokenizer))
     print()
     print(
         f"[{len(result.tokens)} tokens, first token {result.prefill_s * 1000:.0f} ms, "

@@ -122,6 +122,7 @@ class LlamaCppLM:
         n_seq_max: int = 64,
         threads: int | None = None,
         kv_type: str = "f16",
+        flash_attn: bool = False,
     ):
         lib = self._lib = _lib()
         _init_backend(lib)
@@ -142,19 +143,22 @@ class LlamaCppLM:
         cparams.n_threads = cparams.n_threads_batch = self.threads
         cparams.kv_unified = True
         cparams.no_perf = True
-        cparams.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_DISABLED
         types = {"f16": lib.GGML_TYPE_F16, "q8_0": lib.GGML_TYPE_Q8_0}
         if kv_type not in types:
             raise TandemError(f"kv_type must be one of {', '.join(types)}, not {kv_type!r}")
-        if kv_type != "f16":  # a quantized V cache needs flash attention in llama.cpp
-            cparams.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_ENABLED
+        # Off by default: measured slower here for every step and block at 4K-16K
+        # (docs/rapid.md, rapid_steps.json). A quantized V cache needs it in llama.cpp.
+        flash_attn = flash_attn or kv_type != "f16"
+        cparams.flash_attn_type = (
+            lib.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else lib.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        )
         cparams.type_k = cparams.type_v = types[kv_type]
         self._ctx = lib.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             lib.llama_model_free(self._model)
             raise TandemError(f"llama.cpp cannot create a context for {path} (n_ctx={n_ctx})")
         self._mem = lib.llama_get_memory(self._ctx)
-        self.n_ctx, self.kv_type = n_ctx, kv_type
+        self.n_ctx, self.kv_type, self.flash_attn = n_ctx, kv_type, flash_attn
         vocab = lib.llama_model_get_vocab(self._model)
         self.vocab_size = int(lib.llama_vocab_n_tokens(vocab))
         self._batch = lib.llama_batch_init(N_BATCH, 0, 1)
@@ -177,7 +181,8 @@ class LlamaCppLM:
                 f.seek(max(0, size - (1 << 20)))
                 tail = f.read()
             identity = hashlib.sha256(head + tail + str(size).encode()).hexdigest()
-        digest = hashlib.sha256(f"llamacpp:{self.kv_type}:{identity}:".encode())
+        layout = self.kv_type + (":flash" if self.flash_attn and self.kv_type == "f16" else "")
+        digest = hashlib.sha256(f"llamacpp:{layout}:{identity}:".encode())  # KV files differ
         digest.update(self.tokenizer.fingerprint.encode())
         return digest.hexdigest()
 

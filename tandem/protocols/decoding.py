@@ -25,6 +25,7 @@ At temperature 0 every draw is the argmax, so all callers agree with plain greed
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator
 
 import torch
@@ -35,6 +36,43 @@ from tandem.sampling.seeds import position_generator
 from tandem.sampling.warp import sample, warp
 
 Draw = Callable[[torch.Tensor, int], int]  # (next-token logits [vocab], position) -> token
+OnToken = Callable[[int], None]  # every mode streams its output tokens through this, in order
+
+
+class IncrementalDetokenizer:
+    """Turns a growing token list into text pieces without splitting multi-byte characters."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.tokens: list[int] = []
+        self.emitted = ""
+
+    def push(self, token: int) -> str:
+        self.tokens.append(token)
+        text = self.tokenizer.decode(self.tokens)
+        if text.endswith("\ufffd"):  # incomplete UTF-8 sequence: wait for more tokens
+            return ""
+        piece, self.emitted = text[len(self.emitted) :], text
+        return piece
+
+
+def text_stream(
+    tokenizer, show: Callable[[str], None] | None = None, *, eos: int | None = None
+) -> OnToken:
+    """An `OnToken` that shows the output as text pieces (default: written to stdout at once);
+    `eos` itself is not shown."""
+    detok = IncrementalDetokenizer(tokenizer)
+
+    def on_token(token: int) -> None:
+        if token != eos:
+            piece = detok.push(token)
+            if show is not None:
+                show(piece)
+            else:
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+
+    return on_token
 
 
 def stream_draw(

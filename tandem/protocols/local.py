@@ -2,18 +2,18 @@
 compared with (and, at temperature 0, must equal token for token).
 
 Words: *prompt ids* are what the model is conditioned on; *new tokens* are what it generates;
-`on_token(token_id, text_piece)` is called for each new token as soon as it exists (streaming).
+`on_token(token_id)` is called for each new token as soon as it exists (streaming; see
+`tandem.protocols.decoding.text_stream` for text pieces).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tandem.config import SamplingConfig
 from tandem.models.base import CausalLM
-from tandem.protocols.decoding import decode_steps, stream_draw
+from tandem.protocols.decoding import OnToken, decode_steps, stream_draw
 
 
 @dataclass
@@ -35,34 +35,16 @@ class GenerationResult:
         )
 
 
-class IncrementalDetokenizer:
-    """Turns a growing token list into text pieces without splitting multi-byte characters."""
-
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
-        self.tokens: list[int] = []
-        self.emitted = ""
-
-    def push(self, token: int) -> str:
-        self.tokens.append(token)
-        text = self.tokenizer.decode(self.tokens)
-        if text.endswith("\ufffd"):  # incomplete UTF-8 sequence: wait for more tokens
-            return ""
-        piece, self.emitted = text[len(self.emitted) :], text
-        return piece
-
-
 def generate(
     lm: CausalLM,
     prompt_ids: list[int],
     config: SamplingConfig,
-    on_token: Callable[[int, str], None] | None = None,
+    on_token: OnToken | None = None,
 ) -> GenerationResult:
     """Autoregressive decoding with the KV cache; streams through `on_token`."""
     draw = stream_draw(
         config.seed, temperature=config.temperature, top_k=config.top_k, top_p=config.top_p
     )
-    detok = IncrementalDetokenizer(lm.tokenizer)
     eos = lm.tokenizer.eos_token_id if config.stop_at_eos else None
     start = time.perf_counter()
     state = lm.prefill(prompt_ids)
@@ -74,7 +56,7 @@ def generate(
         if len(tokens) == 1:
             first_at = time.perf_counter()
         if on_token is not None:
-            on_token(token, detok.push(token))
+            on_token(token)
     finish = "eos" if tokens and tokens[-1] == eos else "length"
     end = time.perf_counter()
     return GenerationResult(

@@ -41,12 +41,13 @@ import weakref
 
 from tandem.errors import TandemError
 from tandem.models.base import CausalLM, Tokenizer
+from tandem.protocols.decoding import OnToken
 from tandem.protocols.dragon.knowledge import Knowledge, RetrievedDoc
 from tandem.protocols.rapid.prompts import render
 from tandem.protocols.spec import wire
 from tandem.protocols.spec.cloud import Observer, parse_start, run_session
 from tandem.protocols.spec.config import SpecConfig
-from tandem.protocols.spec.device import OnToken, run_device
+from tandem.protocols.spec.device import run_device
 from tandem.protocols.spec.stats import SpecReport
 from tandem.transport import ChannelClosed, LinkConfig, TransportError, memory_pair
 

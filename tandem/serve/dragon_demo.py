@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tandem.errors import TandemError
+from tandem.protocols.decoding import OnToken
 from tandem.protocols.dragon.setup import ensure_index, load_side, set_threads
 from tandem.serve.dragon_session import emulated_link, run_device_session
 
@@ -72,7 +73,7 @@ def run_demo(
     delay_ms: float = 0.0,
     kill_cloud_after: int = 0,
     threads: int = 0,
-    on_token: Callable[[int, str], None] | None = None,
+    on_token: OnToken | None = None,
     on_status: Callable[[str], None] = lambda _: None,
 ):
     """Start the cloud child, run the device here; returns the device's `SideReport`."""
@@ -106,11 +107,11 @@ def run_demo(
         on_status(f"cloud ready on {address['host']}:{address['port']} (pid {address['pid']})")
         seen = 0
 
-        def token_seen(token: int, piece: str) -> None:
+        def token_seen(token: int) -> None:
             nonlocal seen
             seen += 1
             if on_token is not None:
-                on_token(token, piece)
+                on_token(token)
             if kill_cloud_after and seen == kill_cloud_after:
                 child.kill()  # a crash: the socket closes without a goodbye
 

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tandem.errors import TandemError
+from tandem.protocols.decoding import OnToken
 
 CLOUD_MODEL = "qwen2.5-coder-1.5b"
 DEVICE_MODEL = "qwen2.5-coder-0.5b"
@@ -40,7 +41,7 @@ def run_private_demo(
     private_corpus: Path,
     docs: int = 2,
     delay_ms: float = 0.0,
-    on_token: Callable[[int], None] | None = None,
+    on_token: OnToken | None = None,
     on_status: Callable[[str], None] = lambda _: None,
 ):
     """Start the cloud child, run the device here; returns the device's SpecReport."""

@@ -22,14 +22,17 @@ device API's key (`--api-key` or `$TANDEM_API_KEY`).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tandem.errors import TandemError
+from tandem.protocols.spec.config import SpecConfig
 
-SERVE_MODES = ("local", "spec", "ar", "dragon", "rapid", "private-spec")
-CLOUD_MODES = ("spec", "ar", "dragon", "private-spec", "rapid")
+DeviceMode = Literal["local", "spec", "ar", "dragon", "rapid", "private-spec"]
+CloudMode = Literal["spec", "ar", "dragon", "private-spec", "rapid"]  # = serve.cloud.MODES (tested)
+SERVE_MODES, CLOUD_MODES = get_args(DeviceMode), get_args(CloudMode)
+_SPEC = SpecConfig()  # the spec knobs below take the protocol's own defaults
 
 
 class _Section(BaseModel):
@@ -40,7 +43,7 @@ class DeviceServeSettings(_Section):
     """Every flag of `tandem device serve`."""
 
     cloud: str = "127.0.0.1:7700"  # HOST:PORT of `tandem cloud serve` (unused in local mode)
-    mode: Literal["local", "spec", "ar", "dragon", "rapid", "private-spec"] = "spec"
+    mode: DeviceMode = "spec"
     model: str = "qwen2.5-coder-0.5b"  # the device model
     backend: Literal["llamacpp", "hf"] | None = (
         None  # model engine (None: tandem --backend / default)
@@ -54,11 +57,11 @@ class DeviceServeSettings(_Section):
     codec: str | None = None  # spec: uplink codec (None: dense; private-spec: k-sqs K=3)
     eta: float | None = Field(None, ge=0.0)  # private-spec: knowledge transfer (None: 4)
     codec_params: dict[str, int | float] = Field(default_factory=dict)  # k=8 stays an int
-    draft_len: int = Field(4, ge=1)
-    bit_budget: int | None = Field(None, ge=1)
-    downlink_k: int = Field(10, ge=1)
-    fast_verify: bool = True
-    truncate_factor: float = Field(2.0, ge=0.0)
+    draft_len: int = Field(_SPEC.draft_len, ge=1)
+    bit_budget: int | None = Field(_SPEC.bit_budget, ge=1)
+    downlink_k: int = Field(_SPEC.downlink_k, ge=1)
+    fast_verify: bool = _SPEC.fast_verify
+    truncate_factor: float = Field(_SPEC.truncate_factor, ge=0.0)
     max_context: int = Field(4096, ge=16)  # prompt + completion tokens, at most
     max_tokens: int = Field(1024, ge=1)  # the largest `max_tokens` a request may ask for
     default_max_tokens: int = Field(256, ge=1)  # when a request gives none
@@ -71,9 +74,7 @@ class DeviceServeSettings(_Section):
 class CloudServeSettings(_Section):
     """Every flag of `tandem cloud serve` (the secret excepted)."""
 
-    mode: list[Literal["spec", "ar", "dragon", "private-spec", "rapid"]] = Field(
-        default_factory=lambda: ["spec", "ar"]
-    )
+    mode: list[CloudMode] = Field(default_factory=lambda: ["spec", "ar"])
     corpus: str | None = None
     long_context: str | None = None  # rapid: the text file the target reads in full
     docs: int = Field(2, ge=1)

@@ -138,3 +138,27 @@ def test_cli_replays_a_recording_without_a_model(tmp_path):
     assert (tmp_path / "dragon_sched.png").is_file()
     bad = CliRunner().invoke(app, ["perplexity", "--split", "nope", "--out", str(tmp_path)])
     assert bad.exit_code != 0 and "split" in str(bad.exception)
+
+
+def test_recorded_rates_feed_the_scheduler_and_survive_the_bootstrap():
+    """The live tracker learns Eq. 5's rates, not 0/1; a trace that recorded them replays them
+    (`ReplayRule`), aligned with the outcomes through the block bootstrap."""
+    from benchmarks.dragon_sched import Simulation
+
+    n = 40
+    accepted = {"device": (True,) * n, "cloud": tuple(i % 2 == 0 for i in range(n))}
+    rates = {"device": (0.95,) * n, "cloud": tuple(0.5 + i / 100 for i in range(n))}
+    trace = Trace(accepted, rates)
+    (boot,) = bootstrap_traces([trace], count=1, tokens=30, block=10, seed=2)
+    for side in ("device", "cloud"):
+        by_rate = dict(zip(rates[side], accepted[side], strict=True))
+        pairs = zip(boot.rates[side], boot.accepted[side], strict=True)
+        assert all(by_rate[r] == a for r, a in pairs)
+    decode = DecodeTimes.constant(0.1, 0.1)
+    for use, cloud_alpha in ((True, 0.5 + (n - 1) / 100), (False, 0.0)):
+        sim = Simulation(trace, decode, still(0.01), "device", SimConfig(tokens=n,
+                         acceptance_ema=1.0, recorded_rates=use))  # fmt: skip
+        sim.run()
+        alpha = sim.machines["device"].tracker.alpha()
+        assert alpha["cloud"] == pytest.approx(cloud_alpha)  # ema 1: the last rate, as is
+        assert alpha["device"] == pytest.approx(0.95 if use else 1.0)

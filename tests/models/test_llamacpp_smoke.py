@@ -27,3 +27,26 @@ def test_llamacpp_build_decodes_a_real_completion():
     )
     assert proc.returncode == 0, f"exit {proc.returncode}: {proc.stderr[-2000:]}"
     assert "a + b" in proc.stdout, proc.stdout
+
+
+@pytest.mark.slow
+def test_flash_attention_is_a_switch_with_its_own_kv_files():
+    """`flash_attn=True` decodes the same greedy completion; its KV layout differs (V is not
+    transposed), so it has its own fingerprint and never loads the other layout's KV files.
+    The default f16 fingerprint did not change with the switch (older KV files still load)."""
+    from tandem.config import SamplingConfig
+    from tandem.models.registry import load_model
+    from tandem.protocols.local import generate
+
+    plain = load_model("qwen2.5-coder-0.5b", progress=False, backend="llamacpp", n_ctx=512)
+    flash = load_model(
+        "qwen2.5-coder-0.5b", progress=False, backend="llamacpp", n_ctx=512, flash_attn=True
+    )
+    quantized = load_model(
+        "qwen2.5-coder-0.5b", progress=False, backend="llamacpp", n_ctx=512, kv_type="q8_0"
+    )
+    assert (plain.flash_attn, flash.flash_attn, quantized.flash_attn) == (False, True, True)
+    assert len({plain.fingerprint, flash.fingerprint, quantized.fingerprint}) == 3
+    ids = plain.tokenizer.encode("def add(a, b):\n    return")
+    config = SamplingConfig(temperature=0, max_new_tokens=4, stop_at_eos=False)
+    assert generate(flash, ids, config).tokens == generate(plain, ids, config).tokens

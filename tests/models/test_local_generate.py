@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from tandem.config import SamplingConfig
-from tandem.protocols.local import IncrementalDetokenizer, generate
+from tandem.protocols.decoding import IncrementalDetokenizer, text_stream
+from tandem.protocols.local import generate
 
 
 def _hf_greedy(lm, ids, n):
@@ -18,9 +19,9 @@ def test_greedy_equals_transformers_greedy(tiny_lm):
     ids = tiny_lm.tokenizer.encode("hello world")
     config = SamplingConfig(temperature=0, max_new_tokens=12, stop_at_eos=False)
     pieces = []
-    result = generate(tiny_lm, ids, config, on_token=lambda t, p: pieces.append(p))
+    result = generate(tiny_lm, ids, config, on_token=text_stream(tiny_lm.tokenizer, pieces.append))
     assert result.tokens == _hf_greedy(tiny_lm, ids, 12)
-    assert len(pieces) == 12
+    assert len(pieces) == 12 and "".join(pieces) == result.text
 
 
 def test_sampling_is_reproducible_per_seed(tiny_lm):
@@ -54,6 +55,14 @@ def test_detokenizer_waits_for_whole_characters(tiny_lm):
     detok = IncrementalDetokenizer(tiny_lm.tokenizer)
     pieces = [detok.push(b) for b in "é!".encode()]
     assert pieces == ["", "é", "!"]
+
+
+def test_text_stream_hides_eos(tiny_lm):
+    shown = []
+    on_token = text_stream(tiny_lm.tokenizer, shown.append, eos=tiny_lm.tokenizer.eos_token_id)
+    for token in [*b"ok", tiny_lm.tokenizer.eos_token_id]:
+        on_token(token)
+    assert shown == ["o", "k"]
 
 
 @pytest.mark.slow

@@ -143,3 +143,15 @@ def test_config_show(tmp_path):
     assert json.loads(out.output) == TandemSettings().model_dump(mode="json")
     out = tandem_config("show", "--config", str(tmp_path / "missing.toml"))
     assert out.exit_code != 0 and isinstance(out.exception, TandemError)
+
+
+def test_modes_and_spec_defaults_come_from_the_protocols():
+    """The config file cannot drift from what the servers and protocols accept."""
+    from tandem.protocols.spec.config import SpecConfig
+    from tandem.serve.cloud import MODES
+    from tandem.serve.settings import CLOUD_MODES, DeviceServeSettings
+
+    assert set(CLOUD_MODES) == set(MODES)
+    device, spec = DeviceServeSettings(), SpecConfig()
+    for knob in ("draft_len", "bit_budget", "downlink_k", "fast_verify", "truncate_factor"):
+        assert getattr(device, knob) == getattr(spec, knob), knob

@@ -28,13 +28,13 @@ import contextlib
 import dataclasses
 import math
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from tandem.codecs import make_codec
 from tandem.errors import TandemError
+from tandem.protocols.decoding import OnToken
 from tandem.protocols.dragon import wire
 from tandem.protocols.dragon.aggregator import aggregate_step
 from tandem.protocols.dragon.config import CLOUD, DEVICE, DragonConfig
@@ -46,7 +46,6 @@ from .context import context_layout, generate, prefill_context, state_from_bytes
 
 METHODS = ("crcg-device", "crcg-cloud", "drcg-text", "drcg-kv", "drdg-tw", "drdg-sw")
 NETWORK_METHODS = METHODS[1:]
-OnToken = Callable[[int], None]
 
 
 @dataclass

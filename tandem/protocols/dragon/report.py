@@ -33,7 +33,8 @@ class SideReport:
     ready_s: float = 0.0  # retrieval + prefill on this side
     peer_ready_s: float | None = None
     token_times: list[float] = field(default_factory=list)
-    resolutions: list[dict] = field(default_factory=list)  # position, by, accepted per side
+    resolutions: list[dict] = field(default_factory=list)
+    # position, by, aggregated, accepted per side; rate_<side>: Eq. 5 rate (when aggregated)
     decisions: list[dict] = field(default_factory=list)
     switches: list[tuple[int, str]] = field(default_factory=list)  # (position, new aggregator)
     decode_times: dict[str, list[tuple[int, float]]] = field(

@@ -15,12 +15,13 @@ import asyncio
 import contextlib
 
 from tandem.errors import TandemError
+from tandem.protocols.decoding import OnToken
 from tandem.protocols.dragon import wire
 from tandem.protocols.dragon.config import CLOUD, DEVICE, DragonConfig
 from tandem.protocols.dragon.knowledge import Knowledge
 from tandem.protocols.dragon.profiler import LatencyModel
 from tandem.protocols.dragon.report import SideReport
-from tandem.protocols.dragon.session import DragonSide, OnToken
+from tandem.protocols.dragon.session import DragonSide
 from tandem.transport import (
     ChannelClosed,
     LinkConfig,
@@ -165,11 +166,11 @@ async def run_pair(
     )
     count = 0
 
-    def tokens_seen(token: int, piece: str) -> None:
+    def tokens_seen(token: int) -> None:
         nonlocal count
         count += 1
         if on_token is not None:
-            on_token(token, piece)
+            on_token(token)
         if kill_cloud_after is not None and count == kill_cloud_after:
             cloud_task.cancel()
             cloud_channel._stream.close()  # the socket dies with the process: EOF, no Bye

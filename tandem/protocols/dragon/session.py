@@ -1,4 +1,5 @@
-"""One side of a live DRAGON session: decoder thread, draft queues, aggregator, scheduler.
+"""One side of a live DRAGON session: the decoder thread, the link, and the sans-I/O
+`machine.SideMachine` (draft queues, aggregation, scheduling) they feed.
 
 Words used here (see the sibling modules for each part):
 - *side* / *role*: "device" or "cloud"; the device starts the session and owns the result.
@@ -7,7 +8,8 @@ Words used here (see the sibling modules for each part):
   as soon as both drafts for it are queued, sends the target token (TargetToken) or, when the
   scheduler moves the aggregator, a SwitchAggregator carrying the target token.
 
-Theory of operation (event loop, one per side; the decoder runs in `worker.DraftWorker`):
+Theory of operation (event loop, one per side; the decoder runs in `worker.DraftWorker`;
+the rules are `SideMachine`'s, this module pumps events into it and carries out its actions):
 
     local draft made  -> queue it, send it to the peer at once, try to aggregate
     peer draft        -> drop if its epoch is old, else queue it, try to aggregate
@@ -30,29 +32,31 @@ import asyncio
 import contextlib
 import dataclasses
 import time
-from collections.abc import Callable
 
 from tandem.codecs import Codec, make_codec
+from tandem.protocols.decoding import OnToken
 from tandem.protocols.dragon import wire
-from tandem.protocols.dragon.aggregator import aggregate_step, expected_acceptance
 from tandem.protocols.dragon.config import DEVICE, SIDES, DragonConfig, peer_of
 from tandem.protocols.dragon.decoder import DocDecoder, SideLaw
 from tandem.protocols.dragon.knowledge import Knowledge, build_decoder
-from tandem.protocols.dragon.profiler import (
-    AcceptanceTracker,
-    LatencyModel,
-    LinkEstimator,
-    Timeline,
+from tandem.protocols.dragon.machine import (
+    Committed,
+    Decided,
+    Finished,
+    SendDraft,
+    SendSwitch,
+    SendTarget,
+    SideMachine,
+    SpeculativeAggregation,
 )
-from tandem.protocols.dragon.queues import Draft, DraftQueue, make_draft
+from tandem.protocols.dragon.profiler import LatencyModel, LinkEstimator, Timeline
+from tandem.protocols.dragon.queues import Draft, make_draft
 from tandem.protocols.dragon.report import SideReport
 from tandem.protocols.dragon.scheduler import Decision, Estimates, Scheduler
 from tandem.protocols.dragon.sideio import SideIO
 from tandem.protocols.dragon.worker import DraftWorker
-from tandem.protocols.local import IncrementalDetokenizer
 from tandem.transport import DraftTokens, Error, SwitchAggregator, TargetToken
 
-OnToken = Callable[[int, str], None]
 TARGET_BYTES = 40  # about one TargetToken frame on the wire
 
 
@@ -81,26 +85,35 @@ class DragonSide(SideIO):
         self.codec = codec or make_codec(config.codec, **config.codec_params)
         self.on_token = on_token
         self.eos_id = lm.tokenizer.eos_token_id if config.stop_at_eos else None
-        self.queues = {side: DraftQueue() for side in SIDES}
-        self.epochs = dict.fromkeys(SIDES, 0)
-        self.committed: list[int] = []
-        self.aggregator = config.first_aggregator
-        self.scheduler = Scheduler(config.strategy, seed=config.seed, margin=config.switch_margin_s)
-        self.tracker = AcceptanceTracker(config.acceptance_ema)
-        self.latency = {
-            role: dataclasses.replace(profile) if profile else LatencyModel(),
-            self.peer: dataclasses.replace(peer_profile) if peer_profile else LatencyModel(),
-        }
         self.own_profile = list((profile or LatencyModel()).to_list())
-        self.last_context = dict.fromkeys(SIDES, 0)
         self.draft_bytes = 0.0
         self.link = LinkEstimator(channel)
         self.report = SideReport(role=role)
         self.timeline = Timeline()
-        self.degraded = False
+        self.machine = SideMachine(
+            role,
+            rule=_TimedRule(SpeculativeAggregation(config.seed, config.greedy), self.timeline),
+            scheduler=_TimedScheduler(
+                Scheduler(config.strategy, seed=config.seed, margin=config.switch_margin_s),
+                self.timeline,
+            ),
+            first_aggregator=config.first_aggregator,
+            max_new_tokens=config.max_new_tokens,
+            latency={
+                role: dataclasses.replace(profile) if profile else LatencyModel(),
+                self.peer: dataclasses.replace(peer_profile) if peer_profile else LatencyModel(),
+            },
+            rtt=self._round_trip,
+            acceptance_ema=config.acceptance_ema,
+            slope_weight=config.slope_weight,
+            eos_id=self.eos_id,
+        )
         self.error: BaseException | None = None
         self._seq = 0
-        self._detok = IncrementalDetokenizer(lm.tokenizer)
+
+    @property
+    def degraded(self) -> bool:
+        return self.machine.degraded
 
     # ---- running ----------------------------------------------------------------------
 
@@ -206,7 +219,7 @@ class DragonSide(SideIO):
     def _fail(self, exc: BaseException) -> None:
         if self.error is None and not self.done.is_set():
             self.error = exc
-            if not self.degraded:
+            if not self.machine.degraded:
                 self._send(wire.error_message(f"{self.role} failed: {exc}"))
             self.done.set()
 
@@ -221,17 +234,11 @@ class DragonSide(SideIO):
     def _link_lost(self, reason: str) -> None:
         if self.done.is_set():
             return
-        if self.role != DEVICE:
+        if not self.machine.degraded:  # the first loss names the cause
             self.report.degraded_reason = reason
-            self._finish("aborted")
-            return
-        if not self.degraded:
-            self.degraded = True
-            self.report.degraded = True
-            self.report.degraded_reason = reason
-            self.report.degraded_at = len(self.committed)
-            self.aggregator = self.role
-        self._try_aggregate()
+        self._apply(self.machine.link_lost())
+        self.report.degraded = self.machine.degraded
+        self.report.degraded_at = self.machine.degraded_at
 
     def _handle(self, msg) -> None:
         if self.done.is_set():
@@ -241,7 +248,7 @@ class DragonSide(SideIO):
             return
         if kind == wire.READY:
             body = wire.control_body(msg)
-            self.latency[self.peer] = LatencyModel.from_list(body.get("profile"))
+            self.machine.latency[self.peer] = LatencyModel.from_list(body.get("profile"))
             self.report.peer_docs = int(body.get("docs", 0))
             self.report.peer_ready_s = float(body.get("ready_s", 0.0))
             return
@@ -253,140 +260,81 @@ class DragonSide(SideIO):
                 msg, side=self.peer, codec=self.codec, vocab_size=self.lm.vocab_size
             )
             self.timeline.since("wire", began)
-            self._on_remote_draft(draft)
+            dropped = self.machine.drafts_dropped[self.peer]
+            actions = self.machine.peer_draft(draft)
+            if self.machine.drafts_dropped[self.peer] == dropped:  # queued: it counts
+                self.timeline.mark("peer", draft.position)
+            self._apply(actions)
         elif isinstance(msg, TargetToken):
-            self._on_target(msg.position, msg.token)
+            self.timeline.mark("peer", msg.position)
+            self._apply(self.machine.target(msg.position, msg.token))
         elif isinstance(msg, SwitchAggregator):
-            self._on_target(msg.position, msg.target_token)
-            self.report.switches.append((msg.position, msg.aggregator))
-            if msg.aggregator == self.role:
-                self.aggregator = self.role
-                self._try_aggregate()
+            self.timeline.mark("peer", msg.position)
+            self._apply(self.machine.switch(msg.position, msg.target_token, msg.aggregator))
         elif isinstance(msg, Error):
             self._link_lost(f"peer error: {msg.message}")
 
-    # ---- drafts and aggregation -------------------------------------------------------
-
-    def _observe_timing(self, draft: Draft) -> None:
-        self.latency[draft.side].update(draft.context, draft.decode_s, self.config.slope_weight)
-        self.last_context[draft.side] = draft.context
-        self.report.decode_times[draft.side].append((draft.context, draft.decode_s))
+    # ---- the machine's actions ----------------------------------------------------------
 
     def _on_local_draft(self, draft: Draft) -> None:
-        if self.done.is_set() or draft.epoch != self.epochs[self.role]:
+        if self.done.is_set():
             self.report.drafts_dropped[self.role] += 1
             return
-        self.queues[self.role].push(draft)
-        self.timeline.mark("own", draft.position)
-        self.report.drafts_made += 1
-        self._observe_timing(draft)
-        self.draft_bytes = 0.8 * self.draft_bytes + 0.2 * (len(draft.payload) + 60)
-        began = time.perf_counter()
-        self._send(wire.draft_message(0, draft, self.codec.name))
-        self.timeline.since("wire", began)
-        self._try_aggregate()
+        self._apply(self.machine.own_draft(draft))
 
-    def _on_remote_draft(self, draft: Draft) -> None:
-        expected = self.epochs[self.peer]
-        if draft.epoch > expected:
-            raise ValueError(f"draft from epoch {draft.epoch}, expected {expected}")
-        if draft.epoch < expected or draft.position < len(self.committed):
-            self.report.drafts_dropped[self.peer] += 1
-            return
-        self.queues[self.peer].push(draft)
-        self.timeline.mark("peer", draft.position)
-        self._observe_timing(draft)
-        self._try_aggregate()
+    def _apply(self, actions: list) -> None:
+        for action in actions:
+            if isinstance(action, SendDraft):
+                draft = action.draft
+                self.timeline.mark("own", draft.position)
+                self.draft_bytes = 0.8 * self.draft_bytes + 0.2 * (len(draft.payload) + 60)
+                began = time.perf_counter()
+                self._send(wire.draft_message(0, draft, self.codec.name))
+                self.timeline.since("wire", began)
+            elif isinstance(action, SendTarget):
+                self._send(wire.target_message(0, action.position, action.token, action.accepted))
+            elif isinstance(action, SendSwitch):
+                self._send(wire.switch_message(0, action.position, action.token, action.aggregator))
+            elif isinstance(action, Committed):
+                self._committed(action)
+            elif isinstance(action, Decided):
+                self._log_decision(action)
+            elif isinstance(action, Finished):
+                self._finish(action.reason)
 
-    def _on_target(self, position: int, token: int) -> None:
-        if position != len(self.committed):
-            raise ValueError(f"target for position {position}, expected {len(self.committed)}")
-        if self.aggregator == self.role:
-            raise ValueError("target token from the peer while this side aggregates")
-        self.timeline.mark("peer", position)
-        self._resolve(position, token, by=self.peer)
+    def _committed(self, c: Committed) -> None:
+        self.timeline.mark("commit", c.position)
+        self.report.token_times.append(time.perf_counter() - self.started)
+        resolution = {"position": c.position, "by": c.by, "aggregated": c.aggregated, **c.accepted}
+        if c.rates is not None:  # Eq. 5 (0/1 when greedy): what a replay's scheduler must see
+            resolution.update({f"rate_{side}": c.rates[side] for side in SIDES})
+        self.report.resolutions.append(resolution)
+        self.worker.resolve(c.token, accepted=c.accepted[self.role], epoch=c.epoch)
+        if self.on_token is not None:
+            self.on_token(c.token)
 
-    def _try_aggregate(self) -> None:
-        while not self.done.is_set() and self.aggregator == self.role:
-            position = len(self.committed)
-            mine = self.queues[self.role].front_at(position)
-            if mine is None:
-                return
-            if self.degraded:  # the local law alone: the draft is a sample of it
-                self._resolve(position, mine.token, by=self.role)
-                continue
-            theirs = self.queues[self.peer].front_at(position)
-            if theirs is None:
-                return
-            device, cloud = (mine, theirs) if self.role == DEVICE else (theirs, mine)
-            began = time.perf_counter()
-            outcome = aggregate_step(
-                device, cloud, seed=self.config.seed, greedy=self.config.greedy
-            )
-            self.timeline.since("aggregate", began)
-            self._resolve(position, outcome.token, by=self.role)
-            began = time.perf_counter()
-            if self.done.is_set():
-                decision, estimates = Decision(self.role, 0.0), None
-            else:
-                estimates = self._estimates()
-                decision = self.scheduler.decide(self.role, position, estimates)
-            self.timeline.since("schedule", began)
-            if decision.aggregator != self.role:
-                self._send(wire.switch_message(0, position, outcome.token, decision.aggregator))
-                self.report.switches.append((position, decision.aggregator))
-            else:
-                self._send(wire.target_message(0, position, outcome.token, outcome.accepted))
-            self._log_decision(position, decision, estimates)
-            self.aggregator = decision.aggregator
-
-    def _estimates(self) -> Estimates:
-        c_dec = {side: self.latency[side].predict(self.last_context[side] + 1) for side in SIDES}
-        rtt = self.link.round_trip(self.draft_bytes, TARGET_BYTES)
-        return Estimates(c_dec=c_dec, alpha=self.tracker.alpha(), rtt=rtt)
-
-    def _log_decision(self, position: int, decision: Decision, estimates: Estimates | None) -> None:
-        entry = {"position": position, "time": time.perf_counter() - self.started}
-        entry.update({"by": self.role, "next": decision.aggregator, "gap": decision.gap})
-        if estimates is not None:
-            entry.update({f"c_dec_{side}": estimates.c_dec[side] for side in SIDES})
-            entry.update({f"alpha_{side}": estimates.alpha[side] for side in SIDES})
-            entry["rtt"] = estimates.rtt
+    def _log_decision(self, d: Decided) -> None:
+        entry = {"position": d.position, "time": time.perf_counter() - self.started}
+        entry.update({"by": self.role, "next": d.decision.aggregator, "gap": d.decision.gap})
+        if d.estimates is not None:
+            entry.update({f"c_dec_{side}": d.estimates.c_dec[side] for side in SIDES})
+            entry.update({f"alpha_{side}": d.estimates.alpha[side] for side in SIDES})
+            entry["rtt"] = d.estimates.rtt
         self.report.decisions.append(entry)
 
-    def _resolve(self, position: int, token: int, *, by: str) -> None:
-        drafts = {side: self.queues[side].front_at(position) for side in SIDES}
-        accepted = {side: d is not None and d.token == token for side, d in drafts.items()}
-        for side in SIDES:
-            if accepted[side]:
-                self.queues[side].pop()
-            else:
-                self.queues[side].clear()
-                self.epochs[side] += 1
-        aggregated = not self.degraded and all(d is not None for d in drafts.values())
-        if aggregated:
-            if self.config.greedy:
-                rates = {side: float(accepted[side]) for side in SIDES}
-            else:
-                rates = expected_acceptance(drafts["device"], drafts["cloud"])
-            self.tracker.observe(rates, accepted)
-        self.committed.append(token)
-        self.timeline.mark("commit", position)
-        self.report.token_times.append(time.perf_counter() - self.started)
-        self.report.resolutions.append(
-            {"position": position, "by": by, "aggregated": aggregated, **accepted}
-        )
-        self.worker.resolve(token, accepted=accepted[self.role], epoch=self.epochs[self.role])
-        if self.on_token is not None:
-            self.on_token(token, "" if token == self.eos_id else self._detok.push(token))
-        if self.eos_id is not None and token == self.eos_id:
-            self._finish("eos")
-        elif len(self.committed) >= self.config.max_new_tokens:
-            self._finish("length")
+    def _round_trip(self) -> float:
+        return self.link.round_trip(self.draft_bytes, TARGET_BYTES)
 
     def _final_report(self) -> SideReport:
         report = self.report
-        report.tokens = list(self.committed)
+        machine = self.machine
+        report.tokens = list(machine.committed)
+        report.switches = list(machine.switches)
+        report.drafts_made = machine.drafts_made
+        report.drafts_dropped = {
+            side: n + report.drafts_dropped[side] for side, n in machine.drafts_dropped.items()
+        }
+        report.decode_times = {side: list(t) for side, t in machine.decode_times.items()}
         shown = report.tokens[:-1] if report.finish_reason == "eos" else report.tokens
         report.text = self.lm.tokenizer.decode(shown)
         report.bytes_sent = int(getattr(self.channel, "bytes_sent", 0))
@@ -398,3 +346,34 @@ class DragonSide(SideIO):
         report.wall_s = time.perf_counter() - self.started
         report.timeline = self.timeline.summary()
         return report
+
+
+@dataclasses.dataclass(frozen=True)
+class _TimedRule:
+    """The live rule, its time booked as the timeline's "aggregate" phase."""
+
+    rule: SpeculativeAggregation
+    timeline: Timeline
+
+    def aggregate(self, device: Draft, cloud: Draft) -> int:
+        began = time.perf_counter()
+        token = self.rule.aggregate(device, cloud)
+        self.timeline.since("aggregate", began)
+        return token
+
+    def rates(self, device: Draft, cloud: Draft, accepted: dict[str, bool]) -> dict[str, float]:
+        return self.rule.rates(device, cloud, accepted)
+
+
+@dataclasses.dataclass(frozen=True)
+class _TimedScheduler:
+    """The scheduler, its time booked as the timeline's "schedule" phase."""
+
+    scheduler: Scheduler
+    timeline: Timeline
+
+    def decide(self, here: str, position: int, estimates: Estimates | None) -> Decision:
+        began = time.perf_counter()
+        decision = self.scheduler.decide(here, position, estimates)
+        self.timeline.since("schedule", began)
+        return decision

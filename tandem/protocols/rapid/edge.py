@@ -38,9 +38,10 @@ import torch
 from tandem.codecs import Codec, make_codec
 from tandem.errors import TandemError
 from tandem.models.base import CausalLM
+from tandem.protocols.decoding import OnToken
 from tandem.protocols.rapid.config import RapidConfig
 from tandem.protocols.rapid.drafter import ModelDrafter
-from tandem.protocols.rapid.engine import RapidResult, eos_id, make_rule
+from tandem.protocols.rapid.engine import RapidResult, Rounds, eos_id, make_rule
 from tandem.protocols.rapid.prompts import drafter_prompt, target_prompt
 from tandem.protocols.rapid.states import Prefilled
 from tandem.protocols.rapid.target import TargetVerifier
@@ -66,12 +67,6 @@ async def _expect(channel: Channel, seq: int) -> VerifyResult:
     return reply
 
 
-def _output(tokens: list[int], eos: int | None, limit: int) -> list[int]:
-    """The answer so far: at most `limit` tokens, ending at the first eos."""
-    tokens = tokens[:limit]
-    return tokens[: tokens.index(eos) + 1] if eos is not None and eos in tokens else tokens
-
-
 async def device_generate(
     channel: Channel,
     drafter_lm: CausalLM,
@@ -80,7 +75,7 @@ async def device_generate(
     config: RapidConfig,
     *,
     codec: tuple[str, dict] = DEFAULT_CODEC,
-    on_token: Callable[[int], None] | None = None,
+    on_token: OnToken | None = None,
 ) -> RapidResult:
     """The device side of one RAPID generation; returns the tokens and the timings.
     `on_token` gets every output token as soon as its round is verified (a lost cloud then
@@ -114,23 +109,22 @@ async def device_generate(
         codec=sender,
     )
     generator = torch.Generator().manual_seed(config.seed)
-    eos = eos_id(drafter_lm, config)
-    tokens: list[int] = []
-    per_round: list[int] = []
-    drafted, draft_s, wait_s, emitted = 0, 0.0, 0.0, 0
+    rounds = Rounds(
+        gamma=config.gamma, max_new_tokens=config.max_new_tokens, eos=eos_id(drafter_lm, config)
+    )
+    draft_s = wait_s = 0.0
     decode_start = time.perf_counter()
-    while len(tokens) < config.max_new_tokens and (eos is None or eos not in tokens):
-        block = max(1, min(config.gamma, config.max_new_tokens - len(tokens) - 1))
+    while block := rounds.block():
         t0 = time.perf_counter()
         drafts, draft_probs = await asyncio.to_thread(drafter.draft, block, generator)
         payloads = [sender.encode(row) for row in draft_probs]
         t1 = time.perf_counter()
-        seq = len(per_round) + 1
+        seq = len(rounds.per_round) + 1
         bonus = {"bonus": np.frombuffer(payloads[-1], np.uint8).copy()} if drafter.bonus_row else {}
         await channel.send(
             VerifyRequest(
                 seq=seq,
-                position=len(tokens),
+                position=len(rounds.tokens),
                 tokens=tuple(drafts),
                 codec=name,
                 distributions=tuple(payloads[:block]),
@@ -141,28 +135,15 @@ async def device_generate(
         t2 = time.perf_counter()
         drafter.accept(reply.num_accepted, reply.next_token)
         draft_s, wait_s = draft_s + t1 - t0, wait_s + t2 - t1
-        drafted += block
-        per_round.append(reply.num_accepted)
-        tokens.extend([*drafts[: reply.num_accepted], reply.next_token])
-        if on_token is not None:
-            for token in _output(tokens, eos, config.max_new_tokens)[emitted:]:
-                emitted += 1
+        for token in rounds.record(drafts, reply.num_accepted, reply.next_token):
+            if on_token is not None:
                 on_token(token)
-    decode_s = time.perf_counter() - decode_start
-    tokens = _output(tokens, eos, config.max_new_tokens)
-    finish = "eos" if eos is not None and tokens and tokens[-1] == eos else "length"
-    return RapidResult(
-        tokens=tokens,
-        text=drafter_lm.tokenizer.decode(tokens),
-        rounds=len(per_round),
-        drafted=drafted,
-        accepted=sum(per_round),
-        accepted_per_round=per_round,
+    return rounds.result(
+        drafter_lm.tokenizer,
         prefill_s=prefill_s,
-        decode_s=decode_s,
+        decode_s=time.perf_counter() - decode_start,
         draft_s=draft_s,
         verify_s=wait_s,  # seen from the device: uplink + cloud verification + downlink
-        finish_reason=finish,
         extra={
             "uplink_bytes": channel.bytes_sent - sent0,
             "downlink_bytes": channel.bytes_received - received0,

@@ -78,6 +78,55 @@ def _finish(tokens: list[int], eos: int | None, limit: int) -> tuple[list[int], 
     return tokens[:limit], "length"
 
 
+class Rounds:
+    """The bookkeeping of speculative rounds, without I/O: how many tokens to draft next, when
+    to stop, what the output is. The local loop (`speculative_generate`) and the device half of
+    the split (`edge.device_generate`) drive one each, so both stop and cut alike.
+
+    Per round: `block()` (0: done), the caller drafts that many and has them verified, then
+    `record(drafts, num_accepted, next_token)`, which returns the output tokens that round
+    made final (for streaming)."""
+
+    def __init__(self, *, gamma: int, max_new_tokens: int, eos: int | None):
+        self.gamma, self.max_new_tokens, self.eos = gamma, max_new_tokens, eos
+        self.tokens: list[int] = []  # every verified token, maybe past the limit or eos
+        self.per_round: list[int] = []
+        self.drafted = 0
+        self.emitted = 0
+
+    def block(self) -> int:
+        if len(self.tokens) >= self.max_new_tokens or (
+            self.eos is not None and self.eos in self.tokens
+        ):
+            return 0
+        return max(1, min(self.gamma, self.max_new_tokens - len(self.tokens) - 1))
+
+    def record(self, drafts: list[int], num_accepted: int, next_token: int) -> list[int]:
+        self.drafted += len(drafts)
+        self.per_round.append(num_accepted)
+        self.tokens.extend([*drafts[:num_accepted], next_token])
+        new = self.output()[0][self.emitted :]
+        self.emitted += len(new)
+        return new
+
+    def output(self) -> tuple[list[int], str]:
+        """The answer so far (at most max_new_tokens, ending at the first eos) and why it ends."""
+        return _finish(self.tokens, self.eos, self.max_new_tokens)
+
+    def result(self, tokenizer, **timings) -> RapidResult:
+        tokens, finish = self.output()
+        return RapidResult(
+            tokens=tokens,
+            text=tokenizer.decode(tokens),
+            rounds=len(self.per_round),
+            drafted=self.drafted,
+            accepted=sum(self.per_round),
+            accepted_per_round=list(self.per_round),
+            finish_reason=finish,
+            **timings,
+        )
+
+
 def speculative_generate(
     target: TargetVerifier,
     drafter: Drafter,
@@ -90,13 +139,10 @@ def speculative_generate(
     """Rounds until `max_new_tokens` tokens (or eos) are emitted. Timings exclude prefills."""
     draft_generator = torch.Generator().manual_seed(seed)
     verify_generator = torch.Generator().manual_seed(seed + 1)
-    tokens: list[int] = []
-    per_round: list[int] = []
-    drafted = 0
+    rounds = Rounds(gamma=gamma, max_new_tokens=max_new_tokens, eos=eos)
     draft_s = verify_s = 0.0
     start = time.perf_counter()
-    while len(tokens) < max_new_tokens and (eos is None or eos not in tokens):
-        block = max(1, min(gamma, max_new_tokens - len(tokens) - 1))
+    while block := rounds.block():
         t0 = time.perf_counter()
         drafts, draft_probs = drafter.draft(block, draft_generator)
         t1 = time.perf_counter()
@@ -104,23 +150,10 @@ def speculative_generate(
         t2 = time.perf_counter()
         drafter.accept(verdict.num_accepted, verdict.next_token)
         draft_s, verify_s = draft_s + t1 - t0, verify_s + t2 - t1
-        drafted += block
-        per_round.append(verdict.num_accepted)
-        tokens.extend(verdict.tokens)
+        rounds.record(drafts, verdict.num_accepted, verdict.next_token)
     decode_s = time.perf_counter() - start
-    tokens, finish = _finish(tokens, eos, max_new_tokens)
-    return RapidResult(
-        tokens=tokens,
-        text=target.lm.tokenizer.decode(tokens),
-        rounds=len(per_round),
-        drafted=drafted,
-        accepted=sum(per_round),
-        accepted_per_round=per_round,
-        prefill_s=0.0,
-        decode_s=decode_s,
-        draft_s=draft_s,
-        verify_s=verify_s,
-        finish_reason=finish,
+    return rounds.result(
+        target.lm.tokenizer, prefill_s=0.0, decode_s=decode_s, draft_s=draft_s, verify_s=verify_s
     )
 
 

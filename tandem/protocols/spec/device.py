@@ -27,10 +27,10 @@ import asyncio
 import contextlib
 import math
 import time
-from collections.abc import Callable
 
 from tandem.errors import TandemError
 from tandem.models.base import Cancelled, CausalLM
+from tandem.protocols.decoding import OnToken
 from tandem.protocols.spec import wire
 from tandem.protocols.spec.config import SpecConfig
 from tandem.protocols.spec.drafter import Drafter, DraftItem
@@ -39,7 +39,6 @@ from tandem.protocols.spec.planner import Controller
 from tandem.protocols.spec.stats import SpecReport, VerdictRecord
 from tandem.transport import ChannelClosed, Error, TargetToken, TransportError, VerifyResult
 
-OnToken = Callable[[int], None]
 STATS_TIMEOUT_S = 10.0
 
 

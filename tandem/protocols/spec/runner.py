@@ -10,9 +10,10 @@ from __future__ import annotations
 import asyncio
 
 from tandem.models.base import CausalLM
+from tandem.protocols.decoding import OnToken
 from tandem.protocols.spec.cloud import serve_session
 from tandem.protocols.spec.config import SpecConfig
-from tandem.protocols.spec.device import OnToken, run_device
+from tandem.protocols.spec.device import run_device
 from tandem.protocols.spec.planner import Controller
 from tandem.protocols.spec.stats import SpecReport
 from tandem.transport import LinkConfig, TransportConfig, connect, memory_pair

@@ -21,16 +21,15 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from tandem.config import SamplingConfig
 from tandem.errors import TandemError
 from tandem.models.base import CausalLM
+from tandem.protocols.decoding import OnToken
 from tandem.transport import TransportConfig, TransportError
 
-OnToken = Callable[[int], None]
 log = logging.getLogger("tandem.serve.api")
 
 
@@ -107,7 +106,7 @@ def local_continue(
         seed=params.seed + len(recorder.tokens),
         max_new_tokens=left,
     )
-    generate(lm, [*prompt_ids, *recorder.tokens], config, on_token=lambda t, _: recorder(t))
+    generate(lm, [*prompt_ids, *recorder.tokens], config, on_token=recorder)
 
 
 def reason_of(exc: BaseException) -> str:

@@ -21,11 +21,11 @@ from __future__ import annotations
 import asyncio
 
 from tandem.errors import TandemError
+from tandem.protocols.decoding import OnToken
 from tandem.serve.api.backends import (
     CloudBackend,
     GenParams,
     GenResult,
-    OnToken,
     Recorder,
     StopGeneration,
     finish_alone,
@@ -43,7 +43,7 @@ class _Swallow:
     def __init__(self, recorder: Recorder) -> None:
         self.recorder, self.stopped = recorder, False
 
-    def __call__(self, token: int, _piece: str = "") -> None:
+    def __call__(self, token: int) -> None:
         if not self.stopped:
             try:
                 self.recorder(token)

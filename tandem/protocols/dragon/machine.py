@@ -1,0 +1,270 @@
+"""One side of Speculative Aggregation as a sans-I/O state machine: events in, actions out.
+
+No asyncio, no threads, no clock, no sockets (h11's shape). The live side
+(`session.DragonSide`) feeds it the drafts its decoder makes and the messages the peer sends,
+and carries out the actions it returns; the Fig. 8 replay (`benchmarks/dragon_sched`) feeds
+the same machine on virtual time. So the rules below exist once.
+
+Words used here (see `session.py` for the whole picture):
+- *committed*: the target tokens resolved so far, identical on both sides.
+- *aggregator*: the side that runs Algorithm 1 now; it resolves a position as soon as both
+  drafts for it are queued, then asks the scheduler who aggregates the next one.
+- *rule*: how a pair of drafts becomes the target token, and what acceptance rates the
+  scheduler's tracker learns from it (`SpeculativeAggregation` live; a replay passes its
+  recorded outcomes).
+- *epoch*: rejections of a side's drafts so far; a draft of an older epoch is stale.
+
+Events (methods) and what they do:
+
+    own_draft(d)        queue it, send it to the peer, try to aggregate
+    peer_draft(d)       drop if stale, else queue it, try to aggregate
+    target(t, x)        the peer aggregated position t to x: resolve
+    switch(t, x, side)  the same, and `side` aggregates from t + 1 on
+    link_lost(reason)   device: degrade (its own drafts become the target tokens, no token
+                        lost); cloud: finish ("aborted")
+
+Actions (returned in the order they must happen): `SendDraft`, `SendTarget`, `SendSwitch`
+(to the peer), `Committed` (a position is resolved: tell the decoder, show the token),
+`Decided` (the scheduler's inputs and output, for the report), `Finished` (length, eos or
+aborted). After `Finished` every event returns no action.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from tandem.protocols.dragon.aggregator import aggregate_step, expected_acceptance
+from tandem.protocols.dragon.config import DEVICE, SIDES, peer_of
+from tandem.protocols.dragon.profiler import AcceptanceTracker, LatencyModel
+from tandem.protocols.dragon.queues import Draft, DraftQueue
+from tandem.protocols.dragon.scheduler import Decision, Estimates, Scheduler
+
+
+class Rule(Protocol):
+    def aggregate(self, device: Draft, cloud: Draft) -> int:
+        """The target token of the drafts' position."""
+
+    def rates(self, device: Draft, cloud: Draft, accepted: dict[str, bool]) -> dict[str, float]:
+        """What the acceptance tracker learns from one aggregated position."""
+
+
+@dataclass(frozen=True)
+class SpeculativeAggregation:
+    """Algorithm 1 (the live rule): greedy rates are the 0/1 outcomes, sampled ones Eq. 5."""
+
+    seed: int
+    greedy: bool
+
+    def aggregate(self, device: Draft, cloud: Draft) -> int:
+        return aggregate_step(device, cloud, seed=self.seed, greedy=self.greedy).token
+
+    def rates(self, device: Draft, cloud: Draft, accepted: dict[str, bool]) -> dict[str, float]:
+        if self.greedy:
+            return {side: float(accepted[side]) for side in SIDES}
+        return expected_acceptance(device, cloud)
+
+
+@dataclass(frozen=True)
+class SendDraft:
+    draft: Draft
+
+
+@dataclass(frozen=True)
+class SendTarget:
+    position: int
+    token: int
+    accepted: dict[str, bool]
+
+
+@dataclass(frozen=True)
+class SendSwitch:
+    position: int
+    token: int
+    aggregator: str  # the side that aggregates position + 1 on
+
+
+@dataclass(frozen=True)
+class Committed:
+    position: int
+    token: int
+    by: str  # the side whose aggregation (or fallback) resolved it
+    aggregated: bool  # both drafts were here (not a degraded or a peer-only resolution)
+    accepted: dict[str, bool]  # side -> its queued draft equalled the token
+    epoch: int  # this side's epoch after the resolution (the decoder rolls back to it)
+    rates: dict[str, float] | None = None  # what the acceptance tracker learnt (if aggregated)
+
+
+@dataclass(frozen=True)
+class Decided:
+    position: int
+    decision: Decision
+    estimates: Estimates | None
+
+
+@dataclass(frozen=True)
+class Finished:
+    reason: str  # "length" | "eos" | "aborted"
+
+
+Action = SendDraft | SendTarget | SendSwitch | Committed | Decided | Finished
+
+
+class SideMachine:
+    def __init__(
+        self,
+        role: str,
+        *,
+        rule: Rule,
+        scheduler: Scheduler,
+        first_aggregator: str,
+        max_new_tokens: int,
+        latency: dict[str, LatencyModel],
+        rtt: Callable[[], float],
+        acceptance_ema: float,
+        slope_weight: float,
+        eos_id: int | None = None,
+    ):
+        """`latency`: the starting decode-cost model of each side (updated from every draft
+        seen); `rtt`: the driver's current round-trip estimate for one aggregation (seconds),
+        read only when the scheduler decides."""
+        self.role, self.peer = role, peer_of(role)
+        self.rule, self.scheduler, self.rtt = rule, scheduler, rtt
+        self.max_new_tokens, self.eos_id = max_new_tokens, eos_id
+        self.latency, self.slope_weight = latency, slope_weight
+        self.tracker = AcceptanceTracker(acceptance_ema)
+        self.aggregator = first_aggregator
+        self.queues = {side: DraftQueue() for side in SIDES}
+        self.epochs = dict.fromkeys(SIDES, 0)
+        self.last_context = dict.fromkeys(SIDES, 0)
+        self.committed: list[int] = []
+        self.degraded = False
+        self.degraded_at: int | None = None
+        self.finished: str | None = None
+        self.drafts_made = 0
+        self.drafts_dropped = dict.fromkeys(SIDES, 0)
+        self.switches: list[tuple[int, str]] = []  # (position, new aggregator)
+        self.decode_times: dict[str, list[tuple[int, float]]] = {side: [] for side in SIDES}
+
+    # ---- events -----------------------------------------------------------------------
+
+    def own_draft(self, draft: Draft) -> list[Action]:
+        if self.finished or draft.epoch != self.epochs[self.role]:
+            self.drafts_dropped[self.role] += 1
+            return []
+        self.queues[self.role].push(draft)
+        self.drafts_made += 1
+        self._observe(draft)
+        return [SendDraft(draft), *self._aggregate()]
+
+    def peer_draft(self, draft: Draft) -> list[Action]:
+        if self.finished:
+            return []
+        expected = self.epochs[self.peer]
+        if draft.epoch > expected:
+            raise ValueError(f"draft from epoch {draft.epoch}, expected {expected}")
+        if draft.epoch < expected or draft.position < len(self.committed):
+            self.drafts_dropped[self.peer] += 1
+            return []
+        self.queues[self.peer].push(draft)
+        self._observe(draft)
+        return self._aggregate()
+
+    def target(self, position: int, token: int) -> list[Action]:
+        if self.finished:
+            return []
+        if position != len(self.committed):
+            raise ValueError(f"target for position {position}, expected {len(self.committed)}")
+        if self.aggregator == self.role:
+            raise ValueError("target token from the peer while this side aggregates")
+        return self._resolve(position, token, by=self.peer)
+
+    def switch(self, position: int, token: int, aggregator: str) -> list[Action]:
+        if self.finished:
+            return []
+        actions = self.target(position, token)
+        self.switches.append((position, aggregator))
+        if aggregator == self.role:
+            self.aggregator = self.role
+            actions += self._aggregate()
+        return actions
+
+    def link_lost(self) -> list[Action]:
+        if self.finished:
+            return []
+        if self.role != DEVICE:
+            self.finished = "aborted"
+            return [Finished("aborted")]
+        if not self.degraded:
+            self.degraded, self.degraded_at = True, len(self.committed)
+            self.aggregator = self.role
+        return self._aggregate()
+
+    # ---- the rules --------------------------------------------------------------------
+
+    def estimates(self) -> Estimates:
+        c_dec = {side: self.latency[side].predict(self.last_context[side] + 1) for side in SIDES}
+        return Estimates(c_dec=c_dec, alpha=self.tracker.alpha(), rtt=self.rtt())
+
+    def _observe(self, draft: Draft) -> None:
+        self.latency[draft.side].update(draft.context, draft.decode_s, self.slope_weight)
+        self.last_context[draft.side] = draft.context
+        self.decode_times[draft.side].append((draft.context, draft.decode_s))
+
+    def _aggregate(self) -> list[Action]:
+        actions: list[Action] = []
+        while not self.finished and self.aggregator == self.role:
+            position = len(self.committed)
+            mine = self.queues[self.role].front_at(position)
+            if mine is None:
+                break
+            if self.degraded:  # the local law alone: the draft is a sample of it
+                actions += self._resolve(position, mine.token, by=self.role)
+                continue
+            theirs = self.queues[self.peer].front_at(position)
+            if theirs is None:
+                break
+            device, cloud = (mine, theirs) if self.role == DEVICE else (theirs, mine)
+            token = self.rule.aggregate(device, cloud)
+            actions += self._resolve(position, token, by=self.role)
+            estimates = None if self.finished else self.estimates()
+            if estimates is None:  # the last position never moves the aggregator
+                decision = Decision(self.role, 0.0)
+            else:
+                decision = self.scheduler.decide(self.role, position, estimates)
+            if decision.aggregator != self.role:
+                actions.append(SendSwitch(position, token, decision.aggregator))
+                self.switches.append((position, decision.aggregator))
+            else:
+                accepted = {DEVICE: device.token == token, peer_of(DEVICE): cloud.token == token}
+                actions.append(SendTarget(position, token, accepted))
+            actions.append(Decided(position, decision, estimates))
+            self.aggregator = decision.aggregator
+        return actions
+
+    def _resolve(self, position: int, token: int, *, by: str) -> list[Action]:
+        drafts = {side: self.queues[side].front_at(position) for side in SIDES}
+        accepted = {side: d is not None and d.token == token for side, d in drafts.items()}
+        for side in SIDES:
+            if accepted[side]:
+                self.queues[side].pop()
+            else:
+                self.queues[side].clear()
+                self.epochs[side] += 1
+        aggregated = not self.degraded and all(d is not None for d in drafts.values())
+        rates = None
+        if aggregated:
+            rates = self.rule.rates(drafts[DEVICE], drafts[peer_of(DEVICE)], accepted)
+            self.tracker.observe(rates, accepted)
+        self.committed.append(token)
+        actions: list[Action] = [
+            Committed(position, token, by, aggregated, accepted, self.epochs[self.role], rates)
+        ]
+        if self.eos_id is not None and token == self.eos_id:
+            self.finished = "eos"
+        elif len(self.committed) >= self.max_new_tokens:
+            self.finished = "length"
+        if self.finished:
+            actions.append(Finished(self.finished))
+        return actions

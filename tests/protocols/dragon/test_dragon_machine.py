@@ -1,0 +1,162 @@
+"""The sans-I/O DRAGON side machine: events in, actions out, no clock (machine.SideMachine)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tandem.protocols.dragon.machine import (
+    Committed,
+    Decided,
+    Finished,
+    SendSwitch,
+    SendTarget,
+    SideMachine,
+)
+from tandem.protocols.dragon.profiler import LatencyModel
+from tandem.protocols.dragon.queues import Draft
+from tandem.protocols.dragon.scheduler import Scheduler
+
+
+class TableRule:
+    """Target token per position from a table; rates are the 0/1 outcomes."""
+
+    def __init__(self, targets: dict[int, int]):
+        self.targets, self.calls = targets, []
+
+    def aggregate(self, device, cloud):
+        self.calls.append((device.position, device.token, cloud.token))
+        return self.targets[device.position]
+
+    def rates(self, device, cloud, accepted):
+        return {side: float(ok) for side, ok in accepted.items()}
+
+
+def draft(side: str, position: int, token: int, epoch: int = 0, seconds: float = 0.1) -> Draft:
+    return Draft(
+        side=side, position=position, epoch=epoch, token=token, sent_probs=torch.zeros(4),
+        logweight=0.0, payload=b"x", decode_s=seconds, context=10 + position,
+    )  # fmt: skip
+
+
+def machine(role="device", *, targets=None, strategy="device", first="device", tokens=8, eos=None):
+    return SideMachine(
+        role,
+        rule=TableRule(targets or {}),
+        scheduler=Scheduler(strategy),
+        first_aggregator=first,
+        max_new_tokens=tokens,
+        latency={"device": LatencyModel(), "cloud": LatencyModel()},
+        rtt=lambda: 0.05,
+        acceptance_ema=0.5,
+        slope_weight=0.1,
+        eos_id=eos,
+    )
+
+
+def kinds(actions) -> list[str]:
+    return [type(a).__name__ for a in actions]
+
+
+def test_the_aggregator_resolves_as_soon_as_both_drafts_are_queued():
+    m = machine(targets={0: 5, 1: 7})
+    first = m.own_draft(draft("device", 0, 5))
+    assert kinds(first) == ["SendDraft"] and first[0].draft.token == 5
+    actions = m.peer_draft(draft("cloud", 0, 6))
+    assert kinds(actions) == ["Committed", "SendTarget", "Decided"]
+    committed, target, decided = actions
+    outcome = {"device": True, "cloud": False}
+    assert committed == Committed(0, 5, "device", True, outcome, 0, {"device": 1.0, "cloud": 0.0})
+    assert target == SendTarget(0, 5, {"device": True, "cloud": False})
+    assert decided.decision.aggregator == "device" and decided.estimates.rtt == 0.05
+    assert m.committed == [5] and m.epochs == {"device": 0, "cloud": 1}
+    assert m.tracker.alpha() == {"device": 1.0, "cloud": 0.0}  # the first outcome, as is
+
+
+def test_a_rejection_bumps_the_epoch_and_stale_drafts_are_dropped():
+    m = machine(targets={0: 9, 1: 3})
+    m.own_draft(draft("device", 0, 1))
+    m.own_draft(draft("device", 1, 2))
+    actions = m.peer_draft(draft("cloud", 0, 9))
+    assert actions[0].accepted == {"device": False, "cloud": True} and actions[0].epoch == 1
+    assert m.own_draft(draft("device", 2, 4, epoch=0)) == []  # made before the rejection
+    assert m.drafts_dropped["device"] == 1
+    assert m.peer_draft(draft("cloud", 0, 9)) == []  # already resolved
+    assert m.drafts_dropped["cloud"] == 1
+    with pytest.raises(ValueError, match="epoch 3"):
+        m.peer_draft(draft("cloud", 1, 3, epoch=3))
+    assert kinds(m.own_draft(draft("device", 1, 3, epoch=1))) == ["SendDraft"]
+    assert kinds(m.peer_draft(draft("cloud", 1, 3))) == ["Committed", "SendTarget", "Decided"]
+
+
+def test_the_non_aggregator_follows_targets_and_refuses_wrong_ones():
+    m = machine("cloud", first="device")
+    m.own_draft(draft("cloud", 0, 4))
+    m.peer_draft(draft("device", 0, 4))
+    with pytest.raises(ValueError, match="position 1"):
+        m.target(1, 4)
+    (committed,) = m.target(0, 4)
+    assert committed.accepted == {"device": True, "cloud": True} and committed.by == "device"
+    assert committed.aggregated  # both drafts were here: the tracker learnt from it
+    owner = machine(first="device")
+    with pytest.raises(ValueError, match="while this side aggregates"):
+        owner.target(0, 1)
+
+
+def test_a_switch_naming_this_side_makes_it_aggregate_what_is_queued():
+    m = machine("cloud", targets={1: 8}, strategy="cloud", first="device")
+    for position, token in ((0, 2), (1, 8)):
+        m.own_draft(draft("cloud", position, token))
+        m.peer_draft(draft("device", position, token))
+    actions = m.switch(0, 2, "cloud")
+    assert kinds(actions) == ["Committed", "Committed", "SendTarget", "Decided"]
+    assert m.switches == [(0, "cloud")] and m.committed == [2, 8] and m.aggregator == "cloud"
+
+
+def test_the_scheduler_moves_the_aggregator_but_never_at_the_last_position():
+    m = machine(targets={0: 1, 1: 1}, strategy="cloud", tokens=2)
+    m.own_draft(draft("device", 0, 1))
+    actions = m.peer_draft(draft("cloud", 0, 1))
+    assert isinstance(actions[1], SendSwitch) and actions[1].aggregator == "cloud"
+    assert m.aggregator == "cloud" and m.switches == [(0, "cloud")]
+    # the cloud aggregates position 1; the device learns the last token as a target
+    m.own_draft(draft("device", 1, 1))
+    assert kinds(m.target(1, 1)) == ["Committed", "Finished"]
+    last = machine(targets={0: 1}, strategy="cloud", tokens=1)
+    last.own_draft(draft("device", 0, 1))
+    actions = last.peer_draft(draft("cloud", 0, 1))
+    assert kinds(actions) == ["Committed", "Finished", "SendTarget", "Decided"]
+    assert actions[-1] == Decided(0, actions[-1].decision, None)
+    assert actions[-1].decision.aggregator == "device"
+
+
+def test_eos_finishes_and_later_events_are_ignored():
+    m = machine(targets={0: 0}, eos=0)
+    m.own_draft(draft("device", 0, 0))
+    actions = m.peer_draft(draft("cloud", 0, 0))
+    assert Finished("eos") in actions and m.finished == "eos"
+    assert m.own_draft(draft("device", 1, 3)) == []
+    assert m.peer_draft(draft("cloud", 1, 3)) == []
+    assert m.target(1, 3) == [] and m.switch(1, 3, "device") == [] and m.link_lost() == []
+
+
+def test_a_lost_link_degrades_the_device_and_aborts_the_cloud():
+    device = machine(targets={})
+    device.own_draft(draft("device", 0, 6))
+    device.own_draft(draft("device", 1, 7))
+    actions = device.link_lost()
+    assert [a.token for a in actions if isinstance(a, Committed)] == [6, 7]
+    assert not any(a.aggregated or a.rates for a in actions if isinstance(a, Committed))
+    assert device.degraded and device.degraded_at == 0 and device.rule.calls == []
+    assert kinds(device.own_draft(draft("device", 2, 1))) == ["SendDraft", "Committed"]
+    cloud = machine("cloud")
+    assert cloud.link_lost() == [Finished("aborted")] and cloud.finished == "aborted"
+
+
+def test_estimates_come_from_the_drafts_seen_and_the_drivers_rtt():
+    m = machine(targets={0: 1})
+    m.own_draft(draft("device", 0, 1, seconds=0.3))
+    m.peer_draft(draft("cloud", 0, 1, seconds=0.1))
+    c_dec = m.estimates().c_dec
+    assert c_dec["device"] > c_dec["cloud"] > 0
+    assert m.decode_times == {"device": [(10, 0.3)], "cloud": [(10, 0.1)]}
