@@ -15,7 +15,8 @@ Words used here:
 The model (paper Sec. 4.2 steps 1-5 and Sec. 5). The rules are not modelled but run: each side
 is the live `tandem.protocols.dragon.machine.SideMachine` (draft queues, epochs, resolution,
 `Scheduler.decide` fed what the live side knows: `LatencyModel` per side updated with every
-draft seen, `AcceptanceTracker` with the observed 0/1 acceptances), with `ReplayRule` giving
+draft seen, `AcceptanceTracker` with the Eq. 5 rates the recording holds, or the observed 0/1
+outcomes for recordings without them or `recorded_rates=False`), with `ReplayRule` giving
 the recorded outcome in place of Algorithm 1. Modelled, on virtual time, is only the I/O:
 - each side's decoder drafts continuously, one draft per decode, at most `lookahead`
   unresolved own drafts ahead of the targets it knows (`worker.DraftWorker`);
