@@ -223,7 +223,8 @@ def _private_spec_demo(question, eta, max_new_tokens, temperature, seed, docs, p
     )  # fmt: skip
     question = question or DEFAULT_QUESTION
     console.print(f"[bold]question[/bold]: {question}")
-    show = text_stream(load_tokenizer("qwen2.5-coder-0.5b"))
+    tokenizer = load_tokenizer("qwen2.5-coder-0.5b")
+    show = text_stream(tokenizer, eos=tokenizer.eos_token_id)
 
     report = run_private_demo(
         question=question, config=config, private_corpus=private or default_private_corpus(),

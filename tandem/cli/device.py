@@ -135,7 +135,7 @@ def run(
     torch.set_num_threads(threads)
     lm = load_model(model)
     ids = lm.tokenizer.encode(prompt) if raw else lm.tokenizer.chat_prompt(prompt)
-    show = text_stream(lm.tokenizer)
+    show = text_stream(lm.tokenizer, eos=lm.tokenizer.eos_token_id)
 
     console = Console(stderr=True)
     if mode == "local":

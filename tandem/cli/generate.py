@@ -35,7 +35,7 @@ def generate(
     lm = load_model(model)
     ids = lm.tokenizer.encode(prompt) if raw else lm.tokenizer.chat_prompt(prompt)
 
-    result = run(lm, ids, config, on_token=text_stream(lm.tokenizer))
+    result = run(lm, ids, config, on_token=text_stream(lm.tokenizer, eos=lm.tokenizer.eos_token_id))
     print()
     print(
         f"[{len(result.tokens)} tokens, first token {result.prefill_s * 1000:.0f} ms, "
