@@ -78,7 +78,7 @@ def run(
             )
             del prefix
         lm.close()
-    base = {(r["context"]): r for r in rows if r["variant"] == "f16"}
+    base = {r["context"]: r for r in rows if r["variant"] == "f16"}
     for row in rows:
         if row["context"] in base:
             ref = base[row["context"]]

@@ -27,12 +27,10 @@ from typing import Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tandem.errors import TandemError
-from tandem.protocols.spec.config import SpecConfig
 
 DeviceMode = Literal["local", "spec", "ar", "dragon", "rapid", "private-spec"]
 CloudMode = Literal["spec", "ar", "dragon", "private-spec", "rapid"]  # = serve.cloud.MODES (tested)
 SERVE_MODES, CLOUD_MODES = get_args(DeviceMode), get_args(CloudMode)
-_SPEC = SpecConfig()  # the spec knobs below take the protocol's own defaults
 
 
 class _Section(BaseModel):
@@ -57,11 +55,13 @@ class DeviceServeSettings(_Section):
     codec: str | None = None  # spec: uplink codec (None: dense; private-spec: k-sqs K=3)
     eta: float | None = Field(None, ge=0.0)  # private-spec: knowledge transfer (None: 4)
     codec_params: dict[str, int | float] = Field(default_factory=dict)  # k=8 stays an int
-    draft_len: int = Field(_SPEC.draft_len, ge=1)
-    bit_budget: int | None = Field(_SPEC.bit_budget, ge=1)
-    downlink_k: int = Field(_SPEC.downlink_k, ge=1)
-    fast_verify: bool = _SPEC.fast_verify
-    truncate_factor: float = Field(_SPEC.truncate_factor, ge=0.0)
+    # The spec knobs: SpecConfig's defaults, written out (tested equal) so that reading a config
+    # file does not import the protocols (and torch).
+    draft_len: int = Field(4, ge=1)
+    bit_budget: int | None = Field(None, ge=1)
+    downlink_k: int = Field(10, ge=1)
+    fast_verify: bool = True
+    truncate_factor: float = Field(2.0, ge=0.0)
     max_context: int = Field(4096, ge=16)  # prompt + completion tokens, at most
     max_tokens: int = Field(1024, ge=1)  # the largest `max_tokens` a request may ask for
     default_max_tokens: int = Field(256, ge=1)  # when a request gives none

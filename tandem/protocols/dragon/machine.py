@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from tandem.protocols.dragon.aggregator import aggregate_step, expected_acceptance
-from tandem.protocols.dragon.config import DEVICE, SIDES, peer_of
+from tandem.protocols.dragon.config import CLOUD, DEVICE, SIDES, peer_of
 from tandem.protocols.dragon.profiler import AcceptanceTracker, LatencyModel
 from tandem.protocols.dragon.queues import Draft, DraftQueue
 from tandem.protocols.dragon.scheduler import Decision, Estimates, Scheduler
@@ -227,7 +227,8 @@ class SideMachine:
                 break
             device, cloud = (mine, theirs) if self.role == DEVICE else (theirs, mine)
             token = self.rule.aggregate(device, cloud)
-            actions += self._resolve(position, token, by=self.role)
+            resolved = self._resolve(position, token, by=self.role)
+            actions += resolved
             estimates = None if self.finished else self.estimates()
             if estimates is None:  # the last position never moves the aggregator
                 decision = Decision(self.role, 0.0)
@@ -237,13 +238,13 @@ class SideMachine:
                 actions.append(SendSwitch(position, token, decision.aggregator))
                 self.switches.append((position, decision.aggregator))
             else:
-                accepted = {DEVICE: device.token == token, peer_of(DEVICE): cloud.token == token}
-                actions.append(SendTarget(position, token, accepted))
+                actions.append(SendTarget(position, token, resolved[0].accepted))
             actions.append(Decided(position, decision, estimates))
             self.aggregator = decision.aggregator
         return actions
 
     def _resolve(self, position: int, token: int, *, by: str) -> list[Action]:
+        """`Committed` first (with each side's outcome), then `Finished` if this was the last."""
         drafts = {side: self.queues[side].front_at(position) for side in SIDES}
         accepted = {side: d is not None and d.token == token for side, d in drafts.items()}
         for side in SIDES:
@@ -255,7 +256,7 @@ class SideMachine:
         aggregated = not self.degraded and all(d is not None for d in drafts.values())
         rates = None
         if aggregated:
-            rates = self.rule.rates(drafts[DEVICE], drafts[peer_of(DEVICE)], accepted)
+            rates = self.rule.rates(drafts[DEVICE], drafts[CLOUD], accepted)
             self.tracker.observe(rates, accepted)
         self.committed.append(token)
         actions: list[Action] = [

@@ -277,8 +277,8 @@ class DragonSide(SideIO):
     # ---- the machine's actions ----------------------------------------------------------
 
     def _on_local_draft(self, draft: Draft) -> None:
-        if self.done.is_set():
-            self.report.drafts_dropped[self.role] += 1
+        if self.done.is_set():  # failed or finished: the draft goes nowhere
+            self.machine.drafts_dropped[self.role] += 1
             return
         self._apply(self.machine.own_draft(draft))
 
@@ -331,9 +331,7 @@ class DragonSide(SideIO):
         report.tokens = list(machine.committed)
         report.switches = list(machine.switches)
         report.drafts_made = machine.drafts_made
-        report.drafts_dropped = {
-            side: n + report.drafts_dropped[side] for side, n in machine.drafts_dropped.items()
-        }
+        report.drafts_dropped = dict(machine.drafts_dropped)
         report.decode_times = {side: list(t) for side, t in machine.decode_times.items()}
         shown = report.tokens[:-1] if report.finish_reason == "eos" else report.tokens
         report.text = self.lm.tokenizer.decode(shown)
