@@ -26,7 +26,7 @@ from tandem.protocols.spec.config import SpecConfig
 from tandem.protocols.spec.context import LMContext
 from tandem.protocols.spec.device import run_device
 from tandem.protocols.spec.stats import SpecReport
-from tandem.transport import ChannelClosed, Error, TargetToken, TransportError
+from tandem.transport import ChannelClosed, End, Error, Stats, TargetToken, TransportError, control
 
 
 def _steps(lm: CausalLM, ctx: LMContext, config: SpecConfig, eos: int | None):
@@ -63,9 +63,9 @@ async def serve_cloud_ar(channel, lm: CausalLM, *, first=None) -> dict | None:
     stats["decode_s"] = time.perf_counter() - decode_start
     stats["tokens"] = position
     with contextlib.suppress(ChannelClosed, TransportError):
-        while wire.control_kind(await channel.recv()) != wire.END:
+        while not isinstance(await channel.recv(), End):
             pass
-        await channel.send(wire.control_message(wire.STATS, stats))
+        await channel.send(control.stats(stats))
     return stats
 
 
@@ -86,8 +86,7 @@ async def run_cloud_ar(
     up0, down0 = channel.bytes_sent, channel.bytes_received
     start = time.perf_counter()
     try:
-        body = {"mode": "ar", "config": config.to_json()}
-        await channel.send(wire.control_message(wire.START, body, tuple(prompt_ids)))
+        await channel.send(wire.start_message("ar", config.to_json(), prompt_ids))
         while len(report.tokens) < config.max_new_tokens and eos not in report.tokens:
             msg = await channel.recv()
             if isinstance(msg, Error):
@@ -98,12 +97,12 @@ async def run_cloud_ar(
                 if on_token is not None:
                     on_token(msg.token)
         report.total_s = time.perf_counter() - start
-        await channel.send(wire.control_message(wire.END, {}, tuple(report.tokens)))
+        await channel.send(control.end(tuple(report.tokens)))
         with contextlib.suppress(asyncio.TimeoutError):
             while True:
                 msg = await asyncio.wait_for(channel.recv(), 10.0)
-                if wire.control_kind(msg) == wire.STATS:
-                    report.cloud = wire.control_body(msg)
+                if isinstance(msg, Stats):
+                    report.cloud = control.body(msg)
                     break
     except (ChannelClosed, TransportError) as exc:
         raise TandemError(f"connection to the cloud lost: {exc}") from None

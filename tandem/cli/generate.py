@@ -37,8 +37,9 @@ def generate(
 
     result = run(lm, ids, config, on_token=text_stream(lm.tokenizer, eos=lm.tokenizer.eos_token_id))
     print()
+    head = result.headline()
     print(
-        f"[{len(result.tokens)} tokens, first token {result.prefill_s * 1000:.0f} ms, "
-        f"{result.tokens_per_s:.2f} tokens/s, finish: {result.finish_reason}]",
+        f"[{head.tokens} tokens, first token {(head.ttft_s or 0.0) * 1000:.0f} ms, "
+        f"{head.tokens_per_s:.2f} tokens/s, finish: {head.finish_reason}]",
         file=sys.stderr,
     )

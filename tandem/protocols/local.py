@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from tandem.config import SamplingConfig
 from tandem.models.base import CausalLM
 from tandem.protocols.decoding import OnToken, decode_steps, stream_draw
+from tandem.protocols.report import Headline
 
 
 @dataclass
@@ -28,10 +29,18 @@ class GenerationResult:
     @property
     def tokens_per_s(self) -> float:
         """Decode throughput (tokens after the first, over the time after the first)."""
-        return (
-            (len(self.tokens) - 1) / self.decode_s
-            if len(self.tokens) > 1 and self.decode_s
-            else 0.0
+        return self.headline().tokens_per_s
+
+    def headline(self) -> Headline:
+        ttft = self.prefill_s if self.tokens else None
+        decode = max(0, len(self.tokens) - 1)
+        return Headline(
+            mode="local",
+            tokens=len(self.tokens),
+            ttft_s=ttft,
+            decode_tokens=decode,
+            decode_s=self.decode_s if decode else 0.0,
+            finish_reason=self.finish_reason,
         )
 
 

@@ -49,7 +49,7 @@ from tandem.protocols.spec.cloud import Observer, parse_start, run_session
 from tandem.protocols.spec.config import SpecConfig
 from tandem.protocols.spec.device import run_device
 from tandem.protocols.spec.stats import SpecReport
-from tandem.transport import ChannelClosed, LinkConfig, TransportError, memory_pair
+from tandem.transport import ChannelClosed, LinkConfig, TransportError, control, memory_pair
 
 MODE = "private-spec"
 DOCS = 2  # chunks retrieved per side
@@ -95,8 +95,8 @@ async def run_private_device(
         raise TandemError("private-spec: the question is empty")
     retrieved = knowledge.retrieve(question, docs)
     prompt = rag_prompt(lm.tokenizer, retrieved, question)
-    body = {"mode": MODE, "config": config.to_json(), "question": question, "docs": docs}
-    start = (body, tuple(question_prompt(lm.tokenizer, question)))
+    question_ids = question_prompt(lm.tokenizer, question)
+    start = wire.start_message(MODE, config.to_json(), question_ids, question=question, docs=docs)
     report = await run_device(
         channel, lm, prompt, config, on_token=on_token, close=close, start=start
     )
@@ -110,7 +110,7 @@ def parse_private_start(msg) -> tuple[SpecConfig, str, int]:
     config, _question_ids, mode = parse_start(msg)
     if mode != MODE:
         raise ValueError(f"mode {mode!r} is not private-spec")
-    body = wire.control_body(msg)
+    body = control.body(msg)
     question, docs = body.get("question"), body.get("docs", DOCS)
     if not isinstance(question, str) or not question.strip():
         raise ValueError("no question")

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tandem.transport import Message
+from tandem.transport import Message, Start, control
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,13 +40,11 @@ class Refusal:
 
 def context_tokens(first: Message) -> int:
     """Prompt + requested new tokens of a session's first message (prompt only if unknown)."""
-    from tandem.protocols.spec import wire
-
     prompt = len(getattr(first, "tokens", ()) or ())
-    if wire.control_kind(first) != wire.START:
+    if not isinstance(first, Start):
         return prompt
     try:
-        config = dict(wire.control_body(first).get("config", {}))
+        config = dict(control.body(first).get("config", {}))
         return prompt + max(0, int(config.get("max_new_tokens", 0)))
     except (ValueError, TypeError):
         return prompt

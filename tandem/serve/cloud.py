@@ -1,11 +1,12 @@
 """The cloud server: many device sessions, each served by the mode its first message asks for.
 
 Words used here:
-- *mode*: one collaboration protocol the cloud can serve. A `Mode` says how to recognise a
-  session's first message (`matches`) and how to serve the session (`serve(channel, first,
-  resources)`). `MODES` is the registry (spec, ar, dragon, private-spec, rapid); a new
-  protocol plugs in by adding an entry, its resources going into `CloudResources.extra`
-  (DRAGON's side setup under "dragon", RAPID's long context under "long_context").
+- *mode*: one collaboration protocol the cloud can serve. Every session opens with the
+  transport's typed `Start` message, whose `mode` names an entry of `MODES` (spec, ar,
+  dragon, private-spec, rapid); the entry serves the session (`serve(channel, first,
+  resources)`). A new protocol plugs in by adding an entry, its resources going into
+  `CloudResources.extra` (DRAGON's side setup under "dragon", RAPID's long context under
+  "long_context").
 - *resources*: what the modes share: the target model, the verification batcher (spec mode:
   verifications of different sessions that are ready together run as one forward pass, see
   tandem.models.batching), the metrics, and anything mode-specific.
@@ -44,6 +45,7 @@ from tandem.transport import (
     PeerSaidBye,
     Server,
     TransportConfig,
+    control,
     serve,
 )
 
@@ -65,23 +67,11 @@ MAX_REPORTS = 1000
 
 @dataclass(frozen=True)
 class Mode:
-    name: str
-    matches: Callable[[Message], bool]
+    name: str  # the `Start.mode` that selects it
     serve: Callable[[object, Message, CloudResources], Awaitable[object]]
     # the device ends a session by closing the channel (its Bye), not by a message of the
     # mode's own (RAPID): a Bye is then a completed session, not a lost peer
     ends_with_bye: bool = False
-
-
-def _spec_start_mode(msg: Message) -> str | None:
-    from tandem.protocols.spec import wire
-
-    if wire.control_kind(msg) != wire.START:
-        return None
-    try:
-        return str(wire.control_body(msg).get("mode", "spec"))
-    except ValueError:
-        return None
 
 
 async def _serve_spec(channel, first: Message, resources: CloudResources):
@@ -101,12 +91,6 @@ async def _serve_ar(channel, first: Message, resources: CloudResources):
     from tandem.baselines.spec_baselines import serve_cloud_ar
 
     return await serve_cloud_ar(channel, resources.lm, first=first)
-
-
-def _is_dragon_start(msg: Message) -> bool:
-    from tandem.protocols.dragon import wire
-
-    return wire.control_kind(msg) == wire.START
 
 
 async def _serve_dragon(channel, first: Message, resources: CloudResources):
@@ -148,12 +132,6 @@ async def _serve_private_spec(channel, first: Message, resources: CloudResources
     )
 
 
-def _is_rapid_open(msg: Message) -> bool:
-    from tandem.protocols.rapid.edge import is_open
-
-    return is_open(msg)
-
-
 async def _serve_rapid(channel, first: Message, resources: CloudResources):
     from tandem.protocols.rapid.edge import cloud_session
 
@@ -168,19 +146,17 @@ async def _serve_rapid(channel, first: Message, resources: CloudResources):
 
 
 MODES: dict[str, Mode] = {
-    "spec": Mode("spec", lambda msg: _spec_start_mode(msg) == "spec", _serve_spec),
-    "ar": Mode("ar", lambda msg: _spec_start_mode(msg) == "ar", _serve_ar),
-    "dragon": Mode("dragon", _is_dragon_start, _serve_dragon),
-    "private-spec": Mode(
-        "private-spec", lambda msg: _spec_start_mode(msg) == "private-spec", _serve_private_spec
-    ),
-    "rapid": Mode("rapid", _is_rapid_open, _serve_rapid, ends_with_bye=True),
+    "spec": Mode("spec", _serve_spec),
+    "ar": Mode("ar", _serve_ar),
+    "dragon": Mode("dragon", _serve_dragon),
+    "private-spec": Mode("private-spec", _serve_private_spec),
+    "rapid": Mode("rapid", _serve_rapid, ends_with_bye=True),
 }
 
 
 class CloudServer:
-    """Dispatches each session to the first enabled mode that recognises its first message,
-    after admission control; keeps the open sessions, metrics and session records."""
+    """Dispatches each session to the enabled mode its `Start` names, after admission control;
+    keeps the open sessions, metrics and session records."""
 
     def __init__(
         self,
@@ -214,7 +190,8 @@ class CloudServer:
             first = await channel.recv()
         except ChannelClosed:
             return
-        mode = next((m for m in self.modes if m.matches(first)), None)
+        wanted = control.start_mode(first)
+        mode = next((m for m in self.modes if m.name == wanted), None)
         if mode is None:
             names = ", ".join(m.name for m in self.modes)
             with contextlib.suppress(ChannelClosed):

@@ -2,7 +2,8 @@
 
 Layers, bottom up (each usable without the ones above it)::
 
-    messages.py   frozen dataclasses, one per message kind (Hello, DraftTokens, Ping, ...)
+    messages.py   frozen dataclasses, one per message kind (Hello, Start, DraftTokens, ...)
+    control.py    session control: Start/Ready/End/Stats bodies, protocols' data frames
     wire.py       sans-I/O framing: encode_message(msg) -> bytes; FrameParser fed bytes
     handshake.py  sans-I/O handshake state machines (version, HMAC auth, model fingerprint)
     channel.py    the Channel protocol, FramedChannel over a byte stream, memory_pair()
@@ -107,13 +108,17 @@ from tandem.transport.messages import (
     Bye,
     Challenge,
     DraftTokens,
+    End,
     Error,
     Hello,
     Interrupt,
     Message,
     Ping,
     Pong,
+    Ready,
     Refuse,
+    Start,
+    Stats,
     SwitchAggregator,
     TargetToken,
     VerifyRequest,
@@ -133,11 +138,11 @@ from tandem.transport.wire import (
 __all__ = [
     "AuthResponse", "AuthenticationFailed", "Bye", "ByteStream", "CONNECTION_CLOSED",
     "Challenge", "Channel", "PeerSaidBye", "STALLED_BYE", "ChannelClosed", "ClientHandshake", "ConnectError",
-    "ConnectionClosed", "DraftTokens", "EmulatedStream", "Error", "FingerprintMismatch",
+    "ConnectionClosed", "DraftTokens", "EmulatedStream", "End", "Error", "FingerprintMismatch",
     "FrameParser", "FramedChannel", "HandshakeError", "Hello", "Interrupt", "LimitExceeded",
     "Limits", "LinkConfig", "LinkModel", "MemoryStream", "Message", "PROTOCOL_VERSION",
-    "PeerDead", "Ping", "Pong", "ProtocolError", "Refuse", "RttEstimator", "Server",
-    "ServerHandshake", "SessionInfo", "SwitchAggregator", "TargetToken", "TcpStream",
+    "PeerDead", "Ping", "Pong", "ProtocolError", "Ready", "Refuse", "RttEstimator", "Server",
+    "ServerHandshake", "SessionInfo", "Start", "Stats", "SwitchAggregator", "TargetToken", "TcpStream",
     "TlsConfig", "TransportConfig", "TransportError", "VerifyRequest", "VerifyResult",
     "VersionMismatch", "WIRE_VERSION", "Welcome", "connect", "encode_message",
     "make_self_signed", "memory_pair", "memory_stream_pair", "open_session", "serve",

@@ -47,7 +47,7 @@ from tandem.transport.errors import (
 )
 from tandem.transport.messages import AuthResponse, Challenge, Hello, Message, Refuse, Welcome
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: typed Start/Ready/End/Stats session control (was JSON control frames)
 NONCE_BYTES = 32
 SESSION_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 

@@ -18,6 +18,8 @@ of the message will occupy); a *distribution payload* is the opaque bytes one co
 (tandem.codecs, named by `codec`) produced for one token's distribution.
 
 Handshake messages: Hello, Challenge, AuthResponse, Welcome, Refuse (see handshake.py).
+Session control, one vocabulary for every mode: Start, Ready, End, Stats (their JSON
+bodies are read and written by control.py).
 Session messages: DraftTokens, TargetToken, VerifyRequest, VerifyResult,
 SwitchAggregator, Interrupt, Ping, Pong, Error, Bye.
 """
@@ -165,6 +167,43 @@ class Refuse(Message):
 
     code: str
     reason: str
+
+
+# ---- session control (every mode; control.py builds and reads them) ------------------
+
+
+@message(22)
+class Start(Message):
+    """Device -> cloud, the first message of a session: run `mode` (a name of the cloud's
+    mode registry: "spec", "ar", "private-spec", "dragon", "rapid", a DRAGON baseline's
+    name), on `tokens` (the prompt's ids, where the mode sends them); `body` is the mode's
+    settings as UTF-8 JSON (its config, the question, ...)."""
+
+    mode: str
+    tokens: tuple[int, ...] = ()
+    body: bytes = b""
+
+
+@message(23)
+class Ready(Message):
+    """Cloud -> device: the session is set up (prefill done); `body` = JSON facts about it
+    (model, prefill time, counts)."""
+
+    body: bytes = b""
+
+
+@message(24)
+class End(Message):
+    """Device -> cloud: the device is done; `tokens` = the output it committed."""
+
+    tokens: tuple[int, ...] = ()
+
+
+@message(25)
+class Stats(Message):
+    """Either side -> its peer, at the end: the sender's measurements as JSON `body`."""
+
+    body: bytes = b""
 
 
 # ---- session ------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from tandem.errors import TandemError
 from tandem.protocols.spec import SpecConfig, wire
 from tandem.serve.admission import CloudLimits, admit
 from tandem.testbed.proxy import DelayProxy, ProxyConfig
-from tandem.transport import TransportConfig, connect
+from tandem.transport import Ready, TransportConfig, connect
 
 from .cloud_helpers import SECRET, LoopbackCloud, generate, metric, session_config
 
@@ -50,11 +50,9 @@ async def open_idle_session(lm, port: int):
     channel = await connect(
         "127.0.0.1", port, config=TransportConfig.for_model(lm, role="device", secret=SECRET)
     )
-    start = wire.control_message(
-        wire.START, {"mode": "spec", "config": SpecConfig(max_new_tokens=8).to_json()}, (1, 2, 3)
-    )
+    start = wire.start_message("spec", SpecConfig(max_new_tokens=8).to_json(), (1, 2, 3))
     await channel.send(start)
-    assert wire.control_kind(await channel.recv()) == wire.READY
+    assert isinstance(await channel.recv(), Ready)
     return channel
 
 

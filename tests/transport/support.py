@@ -9,13 +9,17 @@ from tandem.transport import (
     Bye,
     Challenge,
     DraftTokens,
+    End,
     Error,
     Hello,
     Interrupt,
     Message,
     Ping,
     Pong,
+    Ready,
     Refuse,
+    Start,
+    Stats,
     SwitchAggregator,
     TargetToken,
     TransportConfig,
@@ -90,6 +94,13 @@ def sample_messages() -> list[Message]:
         Error(code="busy", message="über-busy: ✓ unicode survives"),
         Bye(reason="done"),
         Bye(),
+        # session control (appended: tests index the samples above)
+        Start(mode="spec", tokens=(1, 2, 151_935), body=b'{"config": {"draft_len": 4}}'),
+        Start(mode="rapid"),
+        Ready(body=b'{"model": "m", "prefill_s": 0.5}'),
+        End(tokens=(3, 4)),
+        End(),
+        Stats(body=b"{}"),
     ]
     assert {type(m) for m in samples} == set(MESSAGE_TYPES.values())
     return samples

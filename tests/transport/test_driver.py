@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from tandem.transport import (
+    PROTOCOL_VERSION,
     AuthenticationFailed,
     ConnectError,
     FingerprintMismatch,
@@ -149,7 +150,9 @@ def test_wrong_version_refused_over_tcp():
             newer = NewerClientConfig(**vars(config()))
             with pytest.raises(VersionMismatch) as caught:
                 await connect(HOST, server.port, config=newer)
-            message = "protocol version mismatch: client speaks 7, server speaks 1"
+            message = (
+                f"protocol version mismatch: client speaks 7, server speaks {PROTOCOL_VERSION}"
+            )
             assert str(caught.value) == message
             await asyncio.sleep(0.05)
             assert [str(e) for e in server.refused] == [message]

@@ -86,6 +86,8 @@ def mutate_header(frame: bytes, rng: random.Random) -> bytes:
                 walk(value, (*path, i))
 
     walk(header, ())
+    if len(paths) < 2:  # an empty header (an earlier mutation emptied it): nothing to change
+        return frame[::-1]
     path = rng.choice(paths[1:])
     parent = header
     for step in path[:-1]:

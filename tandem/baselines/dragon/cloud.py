@@ -27,7 +27,7 @@ from tandem.errors import TandemError
 from tandem.protocols.dragon import serve_cloud, wire
 from tandem.protocols.dragon.config import CLOUD, DragonConfig
 from tandem.protocols.dragon.knowledge import Knowledge, build_decoder
-from tandem.transport import ChannelClosed, TargetToken, TransportError
+from tandem.transport import ChannelClosed, TargetToken, TransportError, control
 
 from .context import block_state, context_layout, generate, prefill_context, state_to_bytes
 from .device import NETWORK_METHODS, _generate_side, _side_step, recv_app
@@ -42,7 +42,7 @@ async def serve_any(channel, *, lm, knowledge: Knowledge, profile=None) -> dict 
         first = await channel.recv()
     except ChannelClosed:
         return None
-    if wire.control_kind(first) == wire.START:
+    if control.start_mode(first) == wire.MODE:
         report = await serve_cloud(
             channel, lm=lm, knowledge=knowledge, profile=profile, first=first
         )
@@ -53,10 +53,11 @@ async def serve_any(channel, *, lm, knowledge: Knowledge, profile=None) -> dict 
 async def serve_baseline(channel, first, *, lm, knowledge: Knowledge) -> dict | None:
     """The cloud side of one baseline session (`first` = its start message)."""
     try:
-        if wire.base_kind(first) != wire.BASE_START:
+        method = control.start_mode(first)
+        if method is None:
             raise ValueError("expected a dragon start or baseline start message")
-        body = wire.control_body(first)
-        method, question = str(body["method"]), str(body["question"])
+        body = control.body(first)
+        question = str(body["question"])
         config = DragonConfig.from_json(body["config"])
         if method not in NETWORK_METHODS:
             raise ValueError(f"unknown baseline {method!r}")

@@ -40,7 +40,16 @@ from tandem.protocols.dragon.aggregator import aggregate_step
 from tandem.protocols.dragon.config import CLOUD, DEVICE, DragonConfig
 from tandem.protocols.dragon.knowledge import Knowledge, build_decoder
 from tandem.protocols.dragon.queues import make_draft
-from tandem.transport import ChannelClosed, DraftTokens, Error, TargetToken, TransportError
+from tandem.protocols.report import Headline, from_times
+from tandem.transport import (
+    ChannelClosed,
+    DraftTokens,
+    Error,
+    Start,
+    TargetToken,
+    TransportError,
+    control,
+)
 
 from .context import context_layout, generate, prefill_context, state_from_bytes, trailing_ids
 
@@ -74,6 +83,31 @@ class BaselineReport:
             return (times[-1] - self.decode_start_s) / len(times) if times else None
         return float(np.mean(np.diff(times))) if len(times) > 1 else None
 
+    def headline(self) -> Headline:
+        """The device's view (a baseline's report is the device's; the finish reason is not
+        recorded); DRDG/SW's answer arrives whole, so its decode time runs from the device's
+        own prompt being ready."""
+        if self.method == "drdg-sw" and self.token_times:
+            tokens, decode = len(self.tokens), self.token_times[-1] - self.decode_start_s
+            return Headline(
+                mode=self.method,
+                tokens=tokens,
+                ttft_s=self.token_times[0],
+                decode_tokens=tokens,
+                decode_s=decode,
+                finish_reason="",
+                uplink_bytes=self.bytes_sent,
+                downlink_bytes=self.bytes_received,
+            )
+        return from_times(
+            self.method,
+            self.tokens,
+            self.token_times,
+            "",
+            uplink_bytes=self.bytes_sent,
+            downlink_bytes=self.bytes_received,
+        )
+
     def summary(self) -> dict:
         return {
             "method": self.method,
@@ -104,9 +138,9 @@ class _Clock:
             self.on_token(token)
 
 
-def start_message(method: str, config: DragonConfig, question: str) -> DraftTokens:
-    body = {"method": method, "config": config.to_json(), "question": question}
-    return wire.control_message(wire.BASE_START, 0, body)
+def start_message(method: str, config: DragonConfig, question: str) -> Start:
+    """A baseline session's Start: its mode is the method's name (e.g. "drdg-tw")."""
+    return control.start(method, {"config": config.to_json(), "question": question})
 
 
 async def recv_app(channel):
@@ -115,7 +149,7 @@ async def recv_app(channel):
         msg = await channel.recv()
         if isinstance(msg, Error):
             raise TandemError(f"cloud error: {msg.message}")
-        if wire.control_kind(msg) != wire.PAD:
+        if not wire.is_pad(msg):
             return msg
 
 

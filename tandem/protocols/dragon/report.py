@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tandem.protocols.dragon.config import SIDES
+from tandem.protocols.dragon.config import DEVICE, SIDES
+from tandem.protocols.report import Headline, from_times
 
 
 @dataclass
@@ -68,6 +69,18 @@ class SideReport:
     def mean_per_token_s(self) -> float | None:
         gaps = self.per_token_s
         return float(np.mean(gaps)) if gaps else None
+
+    def headline(self) -> Headline:
+        sent, received = self.bytes_sent, self.bytes_received
+        up, down = (sent, received) if self.role == DEVICE else (received, sent)
+        return from_times(
+            "dragon",
+            self.tokens,
+            self.token_times,
+            self.finish_reason,
+            uplink_bytes=up,
+            downlink_bytes=down,
+        )
 
     @property
     def aggregations(self) -> int:

@@ -28,6 +28,7 @@ from tandem.transport import (
     TransportConfig,
     TransportError,
     connect,
+    control,
     memory_pair,
     serve,
 )
@@ -76,11 +77,11 @@ async def serve_cloud(
         msg = first if first is not None else await channel.recv()
     except ChannelClosed:
         return None
-    if wire.control_kind(msg) != wire.START:
+    if control.start_mode(msg) != wire.MODE:
         await channel.send(wire.error_message("expected a dragon start message"))
         return None
     try:
-        body = wire.control_body(msg)
+        body = control.body(msg)
         config = DragonConfig.from_json(body["config"])
         question = str(body["question"])
     except (KeyError, TypeError, ValueError, TandemError) as exc:

@@ -55,7 +55,15 @@ from tandem.protocols.dragon.report import SideReport
 from tandem.protocols.dragon.scheduler import Decision, Estimates, Scheduler
 from tandem.protocols.dragon.sideio import SideIO
 from tandem.protocols.dragon.worker import DraftWorker
-from tandem.transport import DraftTokens, Error, SwitchAggregator, TargetToken
+from tandem.transport import (
+    DraftTokens,
+    Error,
+    Ready,
+    Start,
+    SwitchAggregator,
+    TargetToken,
+    control,
+)
 
 TARGET_BYTES = 40  # about one TargetToken frame on the wire
 
@@ -138,7 +146,7 @@ class DragonSide(SideIO):
         if self.role == DEVICE:
             self._send(
                 wire.start_message(
-                    0, config=self.config, question=self.question, profile=self.own_profile
+                    config=self.config, question=self.question, profile=self.own_profile
                 )
             )
         self.worker.start()
@@ -204,17 +212,8 @@ class DragonSide(SideIO):
         self.report.ready_s = seconds
         self.report.kv_hits = decoder.kv_hits
         if self.role != DEVICE:
-            self._send(
-                wire.control_message(
-                    wire.READY,
-                    0,
-                    {
-                        "profile": self.own_profile,
-                        "docs": len(self.report.docs),
-                        "ready_s": seconds,
-                    },
-                )
-            )
+            body = {"profile": self.own_profile, "docs": len(self.report.docs), "ready_s": seconds}
+            self._send(control.ready(body))
 
     def _fail(self, exc: BaseException) -> None:
         if self.error is None and not self.done.is_set():
@@ -243,16 +242,15 @@ class DragonSide(SideIO):
     def _handle(self, msg) -> None:
         if self.done.is_set():
             return
-        kind = wire.control_kind(msg)
-        if kind == wire.PAD:
+        if wire.is_pad(msg):
             return
-        if kind == wire.READY:
-            body = wire.control_body(msg)
+        if isinstance(msg, Ready):
+            body = control.body(msg)
             self.machine.latency[self.peer] = LatencyModel.from_list(body.get("profile"))
             self.report.peer_docs = int(body.get("docs", 0))
             self.report.peer_ready_s = float(body.get("ready_s", 0.0))
             return
-        if kind == wire.START:  # the side was set up without reading it (tests)
+        if isinstance(msg, Start):  # the side was set up without reading it (tests)
             return
         if isinstance(msg, DraftTokens):
             began = time.perf_counter()

@@ -6,7 +6,7 @@ Words used here:
   token always precedes the drafts made after it). A message's time in the queue is the
   timeline's `outbox` phase, `channel.send` its `send` phase.
 - *timeline exchange*: with `DragonConfig.timeline`, the cloud sends its timeline summary
-  (`wire.TIMELINE`) once it is done and the device waits for it a little (`TIMELINE_WAIT_S`)
+  (a `Stats` message) once it is done and the device waits for it a little (`TIMELINE_WAIT_S`)
   before closing, so one report holds both sides. Token times are already taken by then.
 """
 
@@ -20,7 +20,7 @@ import time
 from tandem.errors import TandemError
 from tandem.protocols.dragon import wire
 from tandem.protocols.dragon.config import CLOUD
-from tandem.transport import ProtocolError, TransportError
+from tandem.transport import ProtocolError, Stats, TransportError, control
 
 TIMELINE_WAIT_S = 3.0
 
@@ -57,8 +57,8 @@ class SideIO:
                 self._link_lost(str(exc) or type(exc).__name__)
                 return
             try:
-                if wire.control_kind(msg) == wire.TIMELINE:
-                    self.report.peer_timeline = wire.control_body(msg)
+                if isinstance(msg, Stats):
+                    self.report.peer_timeline = control.body(msg)
                     self.peer_timeline_seen.set()
                     continue
                 self._handle(msg)
@@ -85,7 +85,7 @@ class SideIO:
         if not self.config.timeline or self.degraded or self.error is not None:
             return
         if self.role == CLOUD:
-            self._send(wire.control_message(wire.TIMELINE, 0, self.timeline.summary()))
+            self._send(control.stats(self.timeline.summary()))
             return
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.peer_timeline_seen.wait(), TIMELINE_WAIT_S)

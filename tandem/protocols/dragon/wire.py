@@ -1,14 +1,11 @@
 """DRAGON's events as `tandem.transport` messages (the only module that knows the mapping).
 
     event                      message
-    start (device -> cloud)    DraftTokens, codec "dragon.start", position -1, no tokens,
-                               arrays["body"] = uint8 JSON (settings, question, profile)
-    ready (cloud -> device)    DraftTokens, codec "dragon.ready", position -1, no tokens,
-                               arrays["body"] = uint8 JSON (cloud profile, document count)
+    start (device -> cloud)    Start: mode "dragon", body = JSON (settings, question, profile)
+    ready (cloud -> device)    Ready: body = JSON (cloud profile, document count, ready_s)
     padding burst              DraftTokens, codec "dragon.pad", position -1 (ignored)
-    timeline (cloud -> device) DraftTokens, codec "dragon.timeline", position -1, JSON body =
-                               the cloud's `profiler.Timeline.summary()` (only when
-                               `DragonConfig.timeline`; sent once the cloud is done)
+    timeline (cloud -> device) Stats: body = the cloud's `profiler.Timeline.summary()` (only
+                               when `DragonConfig.timeline`; sent once the cloud is done)
     draft                      DraftTokens: position, tokens = (token,), codec name,
                                distributions = (payload,), arrays["meta"] = float64
                                [epoch, logweight, decode_s, context]
@@ -16,9 +13,9 @@
     switch                     SwitchAggregator: position, target_token, aggregator
     failure                    Error, code "dragon"
 
-The transport has no session-start message yet, so start/ready/pad ride on DraftTokens with
-a reserved codec name and a negative position (never a real draft). Documents never travel:
-only counts and scores' summaries (logweights) do.
+Start/Ready/Stats are the transport's session-control messages (tandem.transport.control);
+padding rides on DraftTokens with a reserved codec name and a negative position (never a
+real draft). Documents never travel: only counts and scores' summaries (logweights) do.
 """
 
 from __future__ import annotations
@@ -28,27 +25,24 @@ import numpy as np
 from tandem.codecs import Codec
 from tandem.protocols.dragon.config import DragonConfig
 from tandem.protocols.dragon.queues import Draft
-from tandem.transport import DraftTokens, Error, SwitchAggregator, TargetToken, control
+from tandem.transport import DraftTokens, Error, Start, SwitchAggregator, TargetToken, control
 from tandem.transport.control import control_body  # noqa: F401  (re-exported for callers)
 
-START, READY, PAD, TIMELINE = "dragon.start", "dragon.ready", "dragon.pad", "dragon.timeline"
+MODE = "dragon"  # Start.mode
+PAD = "dragon.pad"
 
 
 def control_message(kind: str, seq: int, body: dict, *, padding: int = 0) -> DraftTokens:
     return control.control_message(kind, body, seq=seq, padding=padding)
 
 
-def control_kind(msg: object) -> str | None:
-    """START / READY / PAD / TIMELINE for a control message, None for anything else."""
-    return control.control_kind(msg, (START, READY, PAD, TIMELINE))
+def is_pad(msg: object) -> bool:
+    return control.control_kind(msg, (PAD,)) is not None
 
 
-def start_message(
-    seq: int, *, config: DragonConfig, question: str, profile: list[float]
-) -> DraftTokens:
-    return control_message(
-        START, seq, {"config": config.to_json(), "question": question, "profile": profile}
-    )
+def start_message(*, config: DragonConfig, question: str, profile: list[float]) -> Start:
+    body = {"config": config.to_json(), "question": question, "profile": profile}
+    return control.start(MODE, body)
 
 
 def pad_message(seq: int, nbytes: int) -> DraftTokens:
@@ -115,7 +109,7 @@ def error_message(text: str) -> Error:
 # ---- baselines (tandem.baselines.dragon) ----------------------------------------------
 #
 #     event                         message
-#     baseline start (dev -> cloud) control "dragon.base.start": method, settings, question
+#     baseline start (dev -> cloud) Start: mode = the method's name, body: settings, question
 #     documents (cloud -> device)   control "dragon.base.docs": texts (DRCG/Text only)
 #     KV part (cloud -> device)     control "dragon.base.kv" + arrays["blob"] = uint8 bytes of
 #                                   a safetensors state, in parts (DRCG/KV only)
@@ -124,13 +118,8 @@ def error_message(text: str) -> Error:
 #
 # Documents cross the network only in DRCG's messages (that is what DRCG is).
 
-BASE_START, BASE_DOCS, BASE_KV, BASE_SEQ = (
-    "dragon.base.start",
-    "dragon.base.docs",
-    "dragon.base.kv",
-    "dragon.base.seq",
-)
-BASE_KINDS = (BASE_START, BASE_DOCS, BASE_KV, BASE_SEQ)
+BASE_DOCS, BASE_KV, BASE_SEQ = "dragon.base.docs", "dragon.base.kv", "dragon.base.seq"
+BASE_KINDS = (BASE_DOCS, BASE_KV, BASE_SEQ)
 
 
 def base_kind(msg: object) -> str | None:

@@ -1,13 +1,13 @@
 """RAPID split over a network: the RAG drafter on the device (it holds C^S), the long-context
 target in the cloud (it holds C). Written against `tandem.transport.Channel`.
 
-Theory of operation (one session; every message is a VerifyRequest / VerifyResult):
+Theory of operation (one session; a generation opens with the transport's Start / Ready,
+its rounds are VerifyRequest / VerifyResult):
 
     device                                           cloud
-    open: VerifyRequest(seq 0, no tokens,      ->    target prompt = C + question; prefill
-          arrays {question, settings})               (device prefills C^S meanwhile)
-                                               <-    VerifyResult(seq 0, next_token -1,
-                                                                  arrays {prompt_tokens})
+    open: Start(mode "rapid",                  ->    target prompt = C + question; prefill
+          body {question, settings})                 (device prefills C^S meanwhile)
+                                               <-    Ready(body {prompt_tokens})
     round k: draft gamma tokens from q         ->    decode the payloads into q, score the
           VerifyRequest(seq k, position,             block in one forward pass, verify
           tokens, codec, one payload per token,      (RapidRule: eta, mode, tail)
@@ -17,9 +17,10 @@ Theory of operation (one session; every message is a VerifyRequest / VerifyResul
                                                                   next_token)
     Bye (channel.close())                      ->    session ends
 
-`settings` is UTF-8 JSON (RapidConfig's fields and the codec's name and parameters); the
-question is UTF-8 bytes. Drafts are sampled from the codec's *transmitted* law (tandem.codecs),
-which is exactly what the cloud decodes, so verification is exact. The device drafts with the
+`settings` holds RapidConfig's fields and the codec's name and parameters. A channel may carry
+several generations: each opens with its own Start. Drafts are sampled from the codec's
+*transmitted* law (tandem.codecs), which is exactly what the cloud decodes, so verification
+is exact. The device drafts with the
 seed, the cloud verifies with seed + 1, as the local engine does: with the same codec the
 split run emits the same tokens as `engine.rapid`.
 """
@@ -28,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import time
 from collections.abc import Awaitable, Callable
 
@@ -45,24 +45,20 @@ from tandem.protocols.rapid.engine import RapidResult, Rounds, eos_id, make_rule
 from tandem.protocols.rapid.prompts import drafter_prompt, target_prompt
 from tandem.protocols.rapid.states import Prefilled
 from tandem.protocols.rapid.target import TargetVerifier
-from tandem.transport import Channel, Error, VerifyRequest, VerifyResult
+from tandem.transport import Channel, Error, Ready, Start, VerifyRequest, VerifyResult, control
 
 DEFAULT_CODEC = ("top-k", {"k": 64})
+MODE = "rapid"  # Start.mode
 
 
-def _text_array(text: str) -> np.ndarray:
-    return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).copy()
-
-
-def _array_text(array: np.ndarray) -> str:
-    return array.astype(np.uint8).tobytes().decode("utf-8")
-
-
-async def _expect(channel: Channel, seq: int) -> VerifyResult:
+async def _expect(channel: Channel, seq: int | None) -> VerifyResult | Ready:
+    """The verdict of round `seq`, or (seq None) the Ready that answers a Start."""
     reply = await channel.recv()
     if isinstance(reply, Error):
         raise TandemError(f"cloud refused the RAPID session: {reply.message}")
-    if not isinstance(reply, VerifyResult) or reply.seq != seq:
+    if seq is None and isinstance(reply, Ready):
+        return reply
+    if seq is None or not isinstance(reply, VerifyResult) or reply.seq != seq:
         raise TandemError(f"unexpected reply from the cloud: {type(reply).__name__}")
     return reply
 
@@ -85,21 +81,10 @@ async def device_generate(
     settings = {**dataclasses.asdict(config), "codec": name, "codec_params": params}
     start = time.perf_counter()
     sent0, received0 = channel.bytes_sent, channel.bytes_received
-    await channel.send(
-        VerifyRequest(
-            seq=0,
-            position=0,
-            tokens=(),
-            codec=name,
-            arrays={
-                "question": _text_array(question),
-                "settings": _text_array(json.dumps(settings)),
-            },
-        )
-    )
+    await channel.send(control.start(MODE, {"question": question, "settings": settings}))
     ids = drafter_prompt(drafter_lm.tokenizer, retrieved, question)
     drafter_side = await asyncio.to_thread(Prefilled, drafter_lm, ids)
-    await _expect(channel, 0)
+    await _expect(channel, None)
     prefill_s = time.perf_counter() - start
     drafter = ModelDrafter(
         drafter_lm,
@@ -158,19 +143,8 @@ def _config_from(settings: dict) -> tuple[RapidConfig, Codec]:
     return config, make_codec(settings["codec"], **settings.get("codec_params", {}))
 
 
-def is_open(msg: object) -> bool:
-    """Whether `msg` opens a RAPID generation (seq 0, with its settings and question): how a
-    cloud serving several modes recognises a RAPID session's first message."""
-    return (
-        isinstance(msg, VerifyRequest)
-        and msg.seq == 0
-        and "settings" in msg.arrays
-        and "question" in msg.arrays
-    )
-
-
 async def cloud_session(
-    channel: Channel, target_lm: CausalLM, context: str, *, first: VerifyRequest | None = None
+    channel: Channel, target_lm: CausalLM, context: str, *, first: Start | None = None
 ) -> dict:
     """The cloud side of RAPID sessions on one channel: the target reads `context` in full.
     `first`: a message already read from the channel (a multi-mode server's dispatcher reads
@@ -181,12 +155,15 @@ async def cloud_session(
     generator = torch.Generator()
     stats = {"generations": 0, "rounds": 0, "drafts_verified": 0, "drafts_accepted": 0, "tokens": 0}
 
-    async def handle(msg: VerifyRequest) -> None:
+    async def handle(msg: Start | VerifyRequest) -> None:
         nonlocal verifier, codec
-        if msg.seq == 0:  # open (or re-open) a generation
+        if isinstance(msg, Start):  # open (or re-open) a generation
             try:
-                config, codec = _config_from(json.loads(_array_text(msg.arrays["settings"])))
-                question = _array_text(msg.arrays["question"])
+                if msg.mode != MODE:
+                    raise ValueError(f"mode {msg.mode!r} is not {MODE}")
+                body = control.body(msg)
+                config, codec = _config_from(dict(body["settings"]))
+                question = str(body["question"])
             except (KeyError, ValueError, TypeError, TandemError) as exc:
                 await channel.send(Error(code="rapid-open", message=str(exc).splitlines()[0]))
                 return
@@ -195,15 +172,7 @@ async def cloud_session(
             verifier = TargetVerifier(target_lm, target_side.fresh(), make_rule(config))
             generator.manual_seed(config.seed + 1)
             stats["generations"] += 1
-            await channel.send(
-                VerifyResult(
-                    seq=0,
-                    position=0,
-                    num_accepted=0,
-                    next_token=-1,
-                    arrays={"prompt_tokens": np.array([len(ids)], dtype=np.int64)},
-                )
-            )
+            await channel.send(control.ready({"prompt_tokens": len(ids)}))
             return
         if verifier is None or codec is None or msg.codec != codec.name:
             await channel.send(Error(code="rapid-state", message="verify before open, or codec"))
@@ -230,7 +199,7 @@ async def cloud_session(
     if first is not None:
         await handle(first)
     async for msg in channel:
-        if isinstance(msg, VerifyRequest):
+        if isinstance(msg, (Start, VerifyRequest)):
             await handle(msg)
     return stats
 

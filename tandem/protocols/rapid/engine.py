@@ -30,6 +30,7 @@ from tandem.protocols.rapid.prompts import drafter_prompt, target_prompt
 from tandem.protocols.rapid.retrieval import RetrievedContext, retrieve
 from tandem.protocols.rapid.states import Prefilled
 from tandem.protocols.rapid.target import PlainRule, RapidRule, Rule, TargetVerifier
+from tandem.protocols.report import Headline
 from tandem.retrieval.embedder import Embedder
 
 
@@ -55,7 +56,21 @@ class RapidResult:
     @property
     def tokens_per_s(self) -> float:
         """Decode throughput: generated tokens / decoding time."""
-        return len(self.tokens) / self.decode_s if self.decode_s else 0.0
+        return self.headline().tokens_per_s
+
+    def headline(self) -> Headline:
+        """Rounds are timed, not tokens: no TTFT; the decode time covers every token."""
+        extra = self.extra
+        return Headline(
+            mode="rapid",
+            tokens=len(self.tokens),
+            ttft_s=None,
+            decode_tokens=len(self.tokens),
+            decode_s=self.decode_s,
+            finish_reason=self.finish_reason,
+            uplink_bytes=int(extra.get("uplink_bytes", 0)),
+            downlink_bytes=int(extra.get("downlink_bytes", 0)),
+        )
 
 
 def make_rule(config: RapidConfig) -> Rule:

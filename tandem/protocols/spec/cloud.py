@@ -35,7 +35,15 @@ from tandem.protocols.spec import wire
 from tandem.protocols.spec.config import SpecConfig
 from tandem.protocols.spec.eager import EagerVerifier
 from tandem.protocols.spec.verifier import Request, Verifier, merge
-from tandem.transport import ChannelClosed, Interrupt, TransportError, VerifyRequest
+from tandem.transport import (
+    ChannelClosed,
+    End,
+    Interrupt,
+    Start,
+    TransportError,
+    VerifyRequest,
+    control,
+)
 
 INBOX_MESSAGES = 1024  # read ahead of the verifier; beyond, the channel's queue (then TCP) holds
 
@@ -46,14 +54,14 @@ class Observer(Protocol):
 
 def parse_start(msg) -> tuple[SpecConfig, list[int], str]:
     """(config, prompt ids, mode) of a start message; ValueError / TandemError if bad."""
-    if wire.control_kind(msg) != wire.START:
+    if not isinstance(msg, Start):
         raise ValueError("expected a spec start message")
-    body = wire.control_body(msg)
+    body = control.body(msg)
     config = SpecConfig.from_json(dict(body.get("config", {})))
     prompt = [int(t) for t in msg.tokens]
     if not prompt:
         raise ValueError("empty prompt")
-    return config, prompt, str(body.get("mode", "spec"))
+    return config, prompt, msg.mode
 
 
 class CloudSession:
@@ -110,9 +118,7 @@ class CloudSession:
             await asyncio.to_thread(self.verifier.prefill)
             self.stats["prefill_s"] = time.perf_counter() - start
             await self.channel.send(
-                wire.control_message(
-                    wire.READY, {"model": self.stats["model"], "prefill_s": self.stats["prefill_s"]}
-                )
+                control.ready({"model": self.stats["model"], "prefill_s": self.stats["prefill_s"]})
             )
             await (self._eager_loop() if self.eager else self._loop())
         finally:
@@ -221,7 +227,7 @@ class CloudSession:
                 self.stats["interrupts"] += 1
                 requests.clear()  # everything sent before the interrupt is void
                 self.verifier.rollback(msg.position, msg.seq)
-            elif wire.control_kind(msg) == wire.END:
+            elif isinstance(msg, End):
                 self.output = [int(t) for t in msg.tokens]
                 self._count_tokens(len(self.output))  # incl. tokens only the device saw
                 await self._send_stats()
@@ -277,7 +283,7 @@ class CloudSession:
             self.verifier.committed == self.output[: self.verifier.frontier]
         )
         with contextlib.suppress(TransportError):
-            await self.channel.send(wire.control_message(wire.STATS, stats))
+            await self.channel.send(control.stats(stats))
 
 
 async def serve_session(

@@ -1,4 +1,5 @@
-"""The device's asyncio layer: pumps a `Drafter` over a `Channel` (sync or async pipeline).
+"""The device's asyncio layer: pumps a `Drafter` over a `Channel` (sync or async pipeline),
+asking the sans-I/O `edge.EdgeMachine` when to send, draft or wait.
 
 Theory of operation. The device sends the start message and prefills its draft model while
 the cloud prefills the target. A reader task receives verdicts; a rejection sets the
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import time
 
 from tandem.errors import TandemError
@@ -35,9 +35,19 @@ from tandem.protocols.spec import wire
 from tandem.protocols.spec.config import SpecConfig
 from tandem.protocols.spec.drafter import Drafter, DraftItem
 from tandem.protocols.spec.eager import EagerDrafter
+from tandem.protocols.spec.edge import EdgeMachine
 from tandem.protocols.spec.planner import Controller
 from tandem.protocols.spec.stats import SpecReport, VerdictRecord
-from tandem.transport import ChannelClosed, Error, TargetToken, TransportError, VerifyResult
+from tandem.transport import (
+    ChannelClosed,
+    Error,
+    Start,
+    Stats,
+    TargetToken,
+    TransportError,
+    VerifyResult,
+    control,
+)
 
 STATS_TIMEOUT_S = 10.0
 
@@ -53,16 +63,13 @@ class DeviceSession:
         config: SpecConfig,
         *,
         on_token: OnToken | None = None,
-        start: tuple[dict, tuple[int, ...]] | None = None,
+        start: Start | None = None,
         controller: Controller | None = None,
     ) -> None:
         self.channel = channel
-        # the start message's body and tokens (default: mode spec, the prompt itself; a mode
-        # whose cloud builds its own prompt sends something else, e.g. private-spec)
-        self.start = start or (
-            {"mode": "spec", "config": config.to_json()},
-            tuple(int(t) for t in prompt_ids),
-        )
+        # the session's first message (default: mode spec on the prompt itself; a mode whose
+        # cloud builds its own prompt sends something else, e.g. private-spec)
+        self.start = start or wire.start_message("spec", config.to_json(), prompt_ids)
         self.lm = lm
         self.prompt_ids = list(prompt_ids)
         self.config = config
@@ -71,8 +78,7 @@ class DeviceSession:
         kind = EagerDrafter if self.eager else Drafter
         self.drafter = kind(lm, prompt_ids, config, eos_id=lm.tokenizer.eos_token_id)
         self.controller = controller  # eager: re-plans gamma and drafting each round
-        self._gamma = config.draft_len  # the current block length
-        self._speculate = True  # eager: False = let the cloud's AR stream run alone
+        self.machine = EdgeMachine(config, controller=controller, eager=self.eager)
         self._chunks: dict[int, int] = {}  # seq -> drafts in that request
         self.results: asyncio.Queue = asyncio.Queue()
         self.stats_future: asyncio.Future | None = None
@@ -82,10 +88,6 @@ class DeviceSession:
         self._seq = 0
         self._sent_at: dict[int, float] = {}
         self._start = 0.0
-        self._epoch_start = 0  # frontier when the current epoch began
-        self._step_ema: float | None = None
-        self._latency_ema: float | None = None  # request sent -> verdict received
-        self._chunk_started: float | None = None
 
     # ---- entry point --------------------------------------------------------------------
 
@@ -94,7 +96,7 @@ class DeviceSession:
         self.stats_future = loop.create_future()
         up0, down0 = self.channel.bytes_sent, self.channel.bytes_received
         self._start = time.perf_counter()
-        await self._send_message(wire.control_message(wire.START, *self.start))
+        await self._send_message(self.start)
         reader = loop.create_task(self._read())
         try:
             t0 = time.perf_counter()
@@ -111,7 +113,7 @@ class DeviceSession:
                     raise
                 raise failure from None  # the cloud refused or vanished: say that, not "cancelled"
             self.report.total_s = time.perf_counter() - self._start
-            end = wire.control_message(wire.END, {}, tuple(self.drafter.committed))
+            end = control.end(tuple(self.drafter.committed))
             with contextlib.suppress(asyncio.TimeoutError, TransportError):
                 await self.channel.send(end)  # the output is complete: stats are a bonus
                 self.report.cloud = await asyncio.wait_for(self.stats_future, STATS_TIMEOUT_S)
@@ -141,8 +143,8 @@ class DeviceSession:
                 elif isinstance(msg, Error):
                     self._fail(TandemError(f"cloud error: {msg.message}"))
                     return
-                elif wire.control_kind(msg) == wire.STATS and not self.stats_future.done():
-                    self.stats_future.set_result(wire.control_body(msg))
+                elif isinstance(msg, Stats) and not self.stats_future.done():
+                    self.stats_future.set_result(control.body(msg))
         except (ChannelClosed, TransportError) as exc:
             self._fail(TandemError(f"connection to the cloud lost: {exc}"))
         except ValueError as exc:
@@ -170,9 +172,8 @@ class DeviceSession:
         if "tokens" in fields:
             self._adopt(fields, seq, received)
             return
-        sent = self._sent_at.pop(seq, received)
-        latency, ema = received - sent, self._latency_ema
-        self._latency_ema = latency if ema is None else 0.7 * ema + 0.3 * latency
+        latency = received - self._sent_at.pop(seq, received)
+        self.machine.verdict_latency(latency)
         if fields["epoch"] != self.drafter.epoch:
             return  # for drafts already voided (after a device interrupt)
         outcome = self.drafter.apply(
@@ -197,16 +198,14 @@ class DeviceSession:
             if self.on_token is not None:
                 self.on_token(token)
         if outcome.rejected:
-            self._epoch_start = self.drafter.frontier
-            self._chunk_started = None
+            self.machine.rejected(self.drafter.frontier)
 
     def _adopt(self, fields: dict, seq: int | None, received: float) -> None:
         """Eager: commit the cloud's tokens (an AR token when `seq` is None, else a verdict)."""
         outcome = self.drafter.adopt(fields["position"], fields["tokens"])
         if seq is not None:
-            sent = self._sent_at.pop(seq, received)
-            latency, ema = received - sent, self._latency_ema
-            self._latency_ema = latency if ema is None else 0.7 * ema + 0.3 * latency
+            latency = received - self._sent_at.pop(seq, received)
+            self.machine.verdict_latency(latency)
             self.report.verdicts.append(
                 VerdictRecord(
                     num_accepted=fields["num_accepted"],
@@ -225,8 +224,7 @@ class DeviceSession:
             self.controller.observe_drafts(outcome.num_accepted, int(outcome.rejected))
         self._note_committed(received)
         if outcome.rejected:
-            self._epoch_start = self.drafter.frontier
-            self._chunk_started = None
+            self.machine.rejected(self.drafter.frontier)
 
     def _note_committed(self, received: float) -> None:
         now = received - self._start  # known since it arrived (perhaps during the prefill)
@@ -234,14 +232,6 @@ class DeviceSession:
             self.report.token_times.append(now)
             if self.on_token is not None:
                 self.on_token(token)
-
-    def _replan(self) -> None:
-        """Eager with a controller: this round's block length, and whether to draft at all."""
-        if self.controller is None or not self.eager:
-            return
-        plan = self.controller.plan(("ar", "eager"))
-        self._speculate = plan.method != "ar"
-        self._gamma = plan.gamma if plan.gamma else self._gamma
 
     # ---- drafting and sending -----------------------------------------------------------
 
@@ -255,8 +245,7 @@ class DeviceSession:
             self.report.draft_steps.append(elapsed)
             if self.controller is not None:
                 self.controller.observe_draft(elapsed)
-            ema = self._step_ema
-            self._step_ema = elapsed if ema is None else 0.7 * ema + 0.3 * elapsed
+            self.machine.step_timed(elapsed)
         if item is not None:
             self.report.drafted += 1
         return item
@@ -275,7 +264,7 @@ class DeviceSession:
         self.report.chunk_sizes.append(len(chunk.drafts))
         self._chunks[self._seq] = len(chunk.drafts)
         self.report.payload_bits += sum(8 * len(d.payload) for d in chunk.drafts)
-        self._chunk_started = None
+        self.machine.chunk_sent()
         await self._send_message(wire.request_message(self._seq, chunk, self.config.codec))
 
     async def _send_message(self, msg) -> None:
@@ -301,64 +290,27 @@ class DeviceSession:
             await self._send()
             await self._next_result()
 
-    def _boundary(self) -> int:
-        """Tokens drafted in this epoch at which the current chunk is due."""
-        sent = self.drafter.frontier + self.drafter.sent - self._epoch_start
-        gamma, first = self._gamma, min(self.config.first_chunk, self._gamma)
-        if self.config.fast_verify and sent < first:
-            return first
-        return (sent // gamma + 1) * gamma
-
-    def _chunk_due(self) -> bool:
-        drafter = self.drafter
-        if drafter.unsent == 0:
-            return False
-        drafted = drafter.frontier + len(drafter.drafts) - self._epoch_start
-        idle = drafter.sent == 0 and not drafter.can_draft()  # nothing in flight to wait for
-        return drafted >= self._boundary() or drafter.exhausted() or idle
-
-    def _truncation_timeout(self) -> float | None:
-        """Seconds until the partial chunk should go (latency-aware truncation), or None."""
-        if not self.config.truncate_factor or self._step_ema is None or not self.drafter.unsent:
-            return None
-        if self._chunk_started is None:
-            return None
-        remaining = self._boundary() - (
-            self.drafter.frontier + self.drafter.sent - self._epoch_start
-        )
-        expected = self.config.truncate_factor * remaining * self._step_ema
-        return max(0.0, self._chunk_started + expected - time.perf_counter())
-
-    def _auto_lookahead(self) -> int:
-        """Drafts to hold so that drafting never stalls waiting for a verdict: a block plus
-        what the device drafts during one request's round trip (RTT + T_verify), measured;
-        between 2 and 8 blocks (PicoSpec's consecutive pre-drafts)."""
-        gamma = self._gamma
-        if self.config.lookahead_blocks or not self._latency_ema or not self._step_ema:
-            return self.config.lookahead
-        blocks = math.ceil(self._latency_ema / (self._step_ema * gamma)) + 1
-        return min(8, max(2, blocks)) * gamma
-
     async def _run_async(self) -> None:
-        drafter = self.drafter
+        drafter, machine = self.drafter, self.machine
         while True:
             self._apply_ready()
             if drafter.done:
                 return
-            self._replan()
-            drafter.lookahead = self._auto_lookahead()
-            if self._chunk_due():
+            machine.replan()
+            drafter.lookahead = machine.lookahead()
+            action = machine.next_action(drafter)
+            if action == "send":
                 await self._send()
                 continue  # verdicts may have arrived meanwhile
-            if not drafter.can_draft() or not self._speculate:
+            if action == "wait":
                 await self._next_result()
                 continue
             drafter.cancel.clear()
-            if self._chunk_started is None:
-                self._chunk_started = time.perf_counter()
+            machine.drafting(time.perf_counter())
             task = asyncio.ensure_future(asyncio.to_thread(self._draft_step, self._bits_left()))
             while not task.done():
-                await asyncio.wait({task}, timeout=self._truncation_timeout())
+                timeout = machine.truncation_timeout(drafter, time.perf_counter())
+                await asyncio.wait({task}, timeout=timeout)
                 if not task.done() and drafter.unsent:
                     self.report.truncated_chunks += 1
                     await self._send()  # drafting is slow: send what we have now
@@ -379,7 +331,7 @@ async def run_device(
     *,
     on_token: OnToken | None = None,
     close: bool = True,
-    start: tuple[dict, tuple[int, ...]] | None = None,
+    start: Start | None = None,
     controller: Controller | None = None,
 ) -> SpecReport:
     """The device side of one speculative generation over an open channel (`start`: another

@@ -18,6 +18,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import asdict, dataclass, field
 
+from tandem.protocols.report import Headline, from_times
+
 
 @dataclass
 class VerdictRecord:
@@ -87,6 +89,19 @@ class SpecReport:
             else 0.0,
             "device_prefill_ms": 1e3 * self.device_prefill_s,
         }
+
+    def headline(self) -> Headline:
+        """Tokens ended before the budget only at the end-of-sequence token."""
+        budget = self.config.get("max_new_tokens")
+        finish = "eos" if budget is not None and len(self.tokens) < budget else "length"
+        return from_times(
+            self.mode,
+            self.tokens,
+            self.token_times,
+            finish,
+            uplink_bytes=self.uplink_bytes,
+            downlink_bytes=self.downlink_bytes,
+        )
 
     def to_json(self) -> dict:
         data = asdict(self)

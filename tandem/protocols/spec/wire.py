@@ -2,10 +2,9 @@
 the mapping).
 
     event                          message
-    start (device -> cloud)        DraftTokens, codec "spec.start", position -1,
-                                   tokens = prompt ids, arrays["body"] = uint8 JSON
-                                   {"mode": "spec" | "ar", "config": SpecConfig}
-    ready (cloud -> device)        DraftTokens, codec "spec.ready", body {model, prefill_s}
+    start (device -> cloud)        Start: mode "spec" | "ar" | "private-spec", tokens = prompt
+                                   ids, body {"config": SpecConfig, ...}
+    ready (cloud -> device)        Ready: body {model, prefill_s}
     verify request                 VerifyRequest: position of tokens[0], tokens = fixed + drafts,
                                    codec, distributions = one payload per draft (none under
                                    separate rejection), arrays: meta = int64 [epoch, num_fixed,
@@ -17,8 +16,8 @@ the mapping).
                                    interrupt: the device stops drafting as soon as it arrives.
     device interrupt               Interrupt: seq = the epoch the device continues with,
                                    position = output tokens kept (the cloud rolls back)
-    end (device -> cloud)          DraftTokens, codec "spec.end", tokens = the output
-    stats (cloud -> device)        DraftTokens, codec "spec.stats", body = cloud measurements
+    end (device -> cloud)          End: tokens = the output
+    stats (cloud -> device)        Stats: body = cloud measurements
     cloud AR token                 TargetToken: position, token (baseline "ar"; pipeline
                                    eager: a token the cloud committed on its own, arrays:
                                    step_s = float64 [1], its forward pass time)
@@ -26,8 +25,8 @@ the mapping).
                                    token it commits (accepted drafts, then the residual)
     failure                        Error, code "spec"
 
-The transport has no session-start message, so start/ready/end/stats ride on DraftTokens with
-a reserved codec name and position -1 (never a real draft), as DRAGON's do.
+Start/Ready/End/Stats are the transport's session-control messages (tandem.transport.control),
+the same for every mode.
 """
 
 from __future__ import annotations
@@ -43,27 +42,19 @@ from tandem.protocols.spec.drafter import Chunk
 from tandem.protocols.spec.separate import sparse_draft_rows
 from tandem.protocols.spec.verifier import Request, Result
 from tandem.transport import (
-    DraftTokens,
     Error,
     Interrupt,
+    Start,
     TargetToken,
     VerifyRequest,
     VerifyResult,
     control,
 )
-from tandem.transport.control import control_body  # noqa: F401  (re-exported for callers)
-
-START, READY, END, STATS = "spec.start", "spec.ready", "spec.end", "spec.stats"
-CONTROL = (START, READY, END, STATS)
 
 
-def control_message(kind: str, body: dict, tokens: tuple[int, ...] = ()) -> DraftTokens:
-    return control.control_message(kind, body, tokens=tokens)
-
-
-def control_kind(msg: object) -> str | None:
-    """START / READY / END / STATS for a control message, None for anything else."""
-    return control.control_kind(msg, CONTROL)
+def start_message(mode: str, config_json: dict, prompt, **extra) -> Start:
+    """The session's first message: `mode`, the SpecConfig's JSON, the prompt's ids."""
+    return control.start(mode, {"config": config_json, **extra}, tuple(prompt))
 
 
 def request_message(seq: int, chunk: Chunk, codec_name: str) -> VerifyRequest:

@@ -28,6 +28,7 @@ from tandem.config import SamplingConfig
 from tandem.errors import TandemError
 from tandem.models.base import CausalLM
 from tandem.protocols.decoding import OnToken
+from tandem.protocols.report import finish_of
 from tandem.transport import TransportConfig, TransportError
 
 log = logging.getLogger("tandem.serve.api")
@@ -83,10 +84,6 @@ class Recorder:
     def __call__(self, token: int) -> None:
         self.tokens.append(token)
         self._on_token(token)
-
-
-def finish_of(tokens: list[int], eos_id: int | None) -> str:
-    return "eos" if tokens and eos_id is not None and tokens[-1] == eos_id else "length"
 
 
 def local_continue(

@@ -22,6 +22,7 @@ import asyncio
 
 from tandem.errors import TandemError
 from tandem.protocols.decoding import OnToken
+from tandem.protocols.report import finish_of
 from tandem.serve.api.backends import (
     CloudBackend,
     GenParams,
@@ -29,7 +30,6 @@ from tandem.serve.api.backends import (
     Recorder,
     StopGeneration,
     finish_alone,
-    finish_of,
     probe_cloud,
     reason_of,
 )

@@ -9,7 +9,7 @@ from tandem.codecs import make_codec
 from tandem.protocols.dragon import DragonConfig, wire
 from tandem.protocols.dragon.decoder import SideLaw
 from tandem.protocols.dragon.queues import DraftQueue, make_draft
-from tandem.transport import FrameParser, Limits, encode_message
+from tandem.transport import FrameParser, Limits, Start, control, encode_message
 
 
 def roundtrip(msg):
@@ -51,13 +51,13 @@ def test_draft_round_trip_keeps_the_transmitted_law(greedy):
 
 def test_control_messages_round_trip():
     config = DragonConfig(max_new_tokens=5, strategy="random", codec_params={"p": 0.9})
-    msg = roundtrip(wire.start_message(1, config=config, question="why?", profile=[0.1, 2.0, 3.0]))
-    assert wire.control_kind(msg) == wire.START
-    body = wire.control_body(msg)
+    msg = roundtrip(wire.start_message(config=config, question="why?", profile=[0.1, 2.0, 3.0]))
+    assert isinstance(msg, Start) and msg.mode == wire.MODE
+    body = control.body(msg)
     assert DragonConfig.from_json(body["config"]) == config
     assert body["question"] == "why?" and body["profile"] == [0.1, 2.0, 3.0]
     pad = roundtrip(wire.pad_message(2, 1000))
-    assert wire.control_kind(pad) == wire.PAD and pad.arrays["body"].nbytes > 1000
+    assert wire.is_pad(pad) and not wire.is_pad(msg) and pad.arrays["body"].nbytes > 1000
 
 
 def test_sampled_drafts_use_position_seeds():

@@ -14,7 +14,7 @@ from tandem.errors import TandemError
 from tandem.protocols.spec import SpecConfig, run_pair, wire
 from tandem.protocols.spec.cloud import CloudSession, parse_start, serve_session
 from tandem.protocols.spec.device import DeviceSession
-from tandem.transport import LinkConfig, VerifyResult, memory_pair
+from tandem.transport import LinkConfig, VerifyResult, control, memory_pair
 
 from .fakes import fake_pair
 from .lockstep import exchange, lockstep, make_sides
@@ -144,9 +144,7 @@ def test_a_device_interrupt_cancels_the_cloud_verification():
 
     async def main():
         device_channel, cloud_channel = memory_pair()
-        await device_channel.send(
-            wire.control_message(wire.START, {"config": config.to_json()}, tuple(prompt))
-        )
+        await device_channel.send(wire.start_message("spec", config.to_json(), prompt))
         first = await cloud_channel.recv()
         cfg, ids, _ = parse_start(first)
         session = CloudSession(cloud_channel, target, cfg, ids)
@@ -171,7 +169,7 @@ def test_a_device_interrupt_cancels_the_cloud_verification():
         while not isinstance(reply, VerifyResult):
             reply = await asyncio.wait_for(device_channel.recv(), 5)
         assert wire.parse_result(reply)["epoch"] == 1
-        await device_channel.send(wire.control_message(wire.END, {}, ()))
+        await device_channel.send(control.end())
         await asyncio.wait_for(task, 5)
         await device_channel.close()
         await cloud_channel.close()
@@ -254,8 +252,7 @@ def test_a_bad_start_message_is_refused_with_one_line():
     async def main():
         device_channel, cloud_channel = memory_pair()
         task = asyncio.create_task(serve_session(cloud_channel, target))
-        body = {"mode": "spec", "config": {"codec": "nope"}}
-        await device_channel.send(wire.control_message(wire.START, body, (1, 2)))
+        await device_channel.send(wire.start_message("spec", {"codec": "nope"}, (1, 2)))
         reply = await asyncio.wait_for(device_channel.recv(), 5)
         assert await task is None
         return reply

@@ -36,7 +36,7 @@ from tandem.protocols.spec.drafter import Drafter
 from tandem.protocols.spec.verifier import Verifier
 from tandem.sampling.rapid import augmented_from_probs, augmented_target
 from tandem.sampling.warp import warp
-from tandem.transport import LinkConfig, memory_pair
+from tandem.transport import LinkConfig, control, memory_pair
 
 from .fakes import fake_pair
 from .lockstep import chi_square_pvalue, exchange
@@ -212,7 +212,7 @@ def test_mode_end_to_end_eta_zero_is_cloud_greedy(tiny_lm, tiny_target, corpora,
     assert report.mode == MODE and len(report.docs) == 2 and len(cloud["public_docs"]) == 2
     assert report.cloud["agrees_with_device"]
     start = sent[0]
-    assert wire.control_body(start)["question"] == QUESTION
+    assert start.mode == MODE and control.body(start)["question"] == QUESTION
     assert list(start.tokens) == question_prompt(tiny_lm.tokenizer, QUESTION)
     private_words = {"journald", "salinity", "factor 2"}
     for msg in sent:  # nothing the device sends spells a private chunk
@@ -238,8 +238,8 @@ def test_bad_start_is_refused_with_a_message(tiny_target, corpora):
     async def main():
         device_channel, cloud_channel = memory_pair()
         cloud = asyncio.create_task(serve_private_session(cloud_channel, tiny_target, corpora[1]))
-        body = {"mode": MODE, "config": private_config().to_json(), "question": "  "}
-        await device_channel.send(wire.control_message(wire.START, body, (1, 2)))
+        start = wire.start_message(MODE, private_config().to_json(), (1, 2), question="  ")
+        await device_channel.send(start)
         reply = await device_channel.recv()
         return reply, await cloud
 
