@@ -35,7 +35,6 @@ What crosses the network: docs/private-spec.md.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import weakref
 
@@ -43,13 +42,14 @@ from tandem.errors import TandemError
 from tandem.models.base import CausalLM, Tokenizer
 from tandem.protocols.decoding import OnToken
 from tandem.protocols.dragon.knowledge import Knowledge, RetrievedDoc
+from tandem.protocols.pair import run_in_process
 from tandem.protocols.rapid.prompts import render
 from tandem.protocols.spec import wire
 from tandem.protocols.spec.cloud import Observer, parse_start, run_session
 from tandem.protocols.spec.config import SpecConfig
 from tandem.protocols.spec.device import run_device
 from tandem.protocols.spec.stats import SpecReport
-from tandem.transport import ChannelClosed, LinkConfig, TransportError, control, memory_pair
+from tandem.transport import ChannelClosed, LinkConfig, TransportError, control
 
 MODE = "private-spec"
 DOCS = 2  # chunks retrieved per side
@@ -163,17 +163,10 @@ async def run_private_pair(
 ) -> tuple[SpecReport, dict | None]:
     """Both sides in this process over an in-memory channel (optionally an emulated link);
     returns (device report, cloud stats)."""
-    device_channel, cloud_channel = memory_pair(link=link)
-    cloud_task = asyncio.create_task(
-        serve_private_session(cloud_channel, cloud_lm, cloud_knowledge)
+    return await run_in_process(
+        lambda channel, _: run_private_device(
+            channel, device_lm, device_knowledge, question, config, docs=docs, on_token=on_token
+        ),
+        lambda channel: serve_private_session(channel, cloud_lm, cloud_knowledge),
+        link=link,
     )
-    try:
-        report = await run_private_device(
-            device_channel, device_lm, device_knowledge, question, config, docs=docs,
-            on_token=on_token,
-        )  # fmt: skip
-        return report, await asyncio.wait_for(cloud_task, 30.0)
-    finally:
-        cloud_task.cancel()
-        await asyncio.gather(cloud_task, return_exceptions=True)
-        await cloud_channel.close()

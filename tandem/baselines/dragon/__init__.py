@@ -28,7 +28,8 @@ from tandem.baselines.dragon.device import (
 )
 from tandem.protocols.dragon.config import DragonConfig
 from tandem.protocols.dragon.knowledge import Knowledge
-from tandem.transport import LinkConfig, memory_pair
+from tandem.protocols.pair import run_in_process
+from tandem.transport import LinkConfig
 
 
 async def run_baseline_pair(
@@ -49,19 +50,15 @@ async def run_baseline_pair(
             config=config,
         )  # fmt: skip
         return report, None
-    device_channel, cloud_channel = memory_pair(link=link)
-    cloud = asyncio.create_task(serve_any(cloud_channel, lm=cloud_lm, knowledge=cloud_knowledge))
-    report = await run_baseline_device(
-        method,
-        device_channel,
-        lm=device_lm,
-        knowledge=device_knowledge,
-        question=question,
-        config=config,
-    )
-    stats = await asyncio.wait_for(cloud, 60.0)
-    await cloud_channel.close()
-    return report, stats
+    return await run_in_process(
+        lambda channel, _: run_baseline_device(
+            method, channel, lm=device_lm, knowledge=device_knowledge, question=question,
+            config=config,
+        ),
+        lambda channel: serve_any(channel, lm=cloud_lm, knowledge=cloud_knowledge),
+        link=link,
+        cloud_wait_s=60.0,
+    )  # fmt: skip
 
 
 __all__ = [

@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 
 from tandem.errors import TandemError
@@ -22,6 +21,7 @@ from tandem.protocols.dragon.knowledge import Knowledge
 from tandem.protocols.dragon.profiler import LatencyModel
 from tandem.protocols.dragon.report import SideReport
 from tandem.protocols.dragon.session import DragonSide
+from tandem.protocols.pair import run_in_process
 from tandem.transport import (
     ChannelClosed,
     LinkConfig,
@@ -29,7 +29,6 @@ from tandem.transport import (
     TransportError,
     connect,
     control,
-    memory_pair,
     serve,
 )
 
@@ -161,33 +160,29 @@ async def run_pair(
 ) -> tuple[SideReport, SideReport | None]:
     """Device and cloud in this process, joined in memory. `kill_cloud_after=n` drops the
     cloud abruptly (no Bye) once the device knows n target tokens: a crash mid-generation."""
-    device_channel, cloud_channel = memory_pair(link=link)
-    cloud_task = asyncio.create_task(
-        serve_cloud(cloud_channel, lm=cloud_lm, knowledge=cloud_knowledge, profile=cloud_profile)
-    )
-    count = 0
 
-    def tokens_seen(token: int) -> None:
-        nonlocal count
-        count += 1
-        if on_token is not None:
-            on_token(token)
-        if kill_cloud_after is not None and count == kill_cloud_after:
-            cloud_task.cancel()
-            cloud_channel._stream.close()  # the socket dies with the process: EOF, no Bye
+    def device(channel, kill_cloud):
+        count = 0
 
-    device = await run_device(
-        device_channel,
-        lm=device_lm,
-        knowledge=device_knowledge,
-        question=question,
-        config=config,
-        profile=device_profile,
-        on_token=tokens_seen,
-    )
-    try:
-        cloud = await asyncio.wait_for(cloud_task, 30.0)
-    except asyncio.CancelledError:
-        cloud = None
-    await cloud_channel.close()
-    return device, cloud
+        def tokens_seen(token: int) -> None:
+            nonlocal count
+            count += 1
+            if on_token is not None:
+                on_token(token)
+            if kill_cloud_after is not None and count == kill_cloud_after:
+                kill_cloud()
+
+        return run_device(
+            channel,
+            lm=device_lm,
+            knowledge=device_knowledge,
+            question=question,
+            config=config,
+            profile=device_profile,
+            on_token=tokens_seen,
+        )
+
+    def cloud(channel):
+        return serve_cloud(channel, lm=cloud_lm, knowledge=cloud_knowledge, profile=cloud_profile)
+
+    return await run_in_process(device, cloud, link=link)

@@ -7,16 +7,15 @@ The cloud side as a server lives in `tandem.serve.cloud` (it dispatches several 
 
 from __future__ import annotations
 
-import asyncio
-
 from tandem.models.base import CausalLM
 from tandem.protocols.decoding import OnToken
+from tandem.protocols.pair import run_in_process
 from tandem.protocols.spec.cloud import serve_session
 from tandem.protocols.spec.config import SpecConfig
 from tandem.protocols.spec.device import run_device
 from tandem.protocols.spec.planner import Controller
 from tandem.protocols.spec.stats import SpecReport
-from tandem.transport import LinkConfig, TransportConfig, connect, memory_pair
+from tandem.transport import LinkConfig, TransportConfig, connect
 
 
 async def run_pair(
@@ -31,25 +30,13 @@ async def run_pair(
 ) -> tuple[SpecReport, dict | None]:
     """One generation with both sides in this process; returns (device report, cloud stats).
     `controller`: the eager pipeline's adaptive controller (planner.py)."""
-    device_channel, cloud_channel = memory_pair(link=link)
-    cloud_task = asyncio.create_task(serve_session(cloud_channel, cloud_lm))
-    device_task = asyncio.create_task(
-        run_device(
-            device_channel, device_lm, prompt_ids, config, on_token=on_token, controller=controller
-        )
+    return await run_in_process(
+        lambda channel, _: run_device(
+            channel, device_lm, prompt_ids, config, on_token=on_token, controller=controller
+        ),
+        lambda channel: serve_session(channel, cloud_lm),
+        link=link,
     )
-    try:
-        await asyncio.wait({device_task, cloud_task}, return_when=asyncio.FIRST_COMPLETED)
-        if cloud_task.done() and not device_task.done() and cloud_task.exception() is not None:
-            raise cloud_task.exception()  # a crashed cloud would leave the device waiting
-        report = await device_task
-        cloud = await asyncio.wait_for(cloud_task, 30.0)
-    finally:
-        for task in (device_task, cloud_task):
-            task.cancel()
-        await asyncio.gather(device_task, cloud_task, return_exceptions=True)
-        await cloud_channel.close()
-    return report, cloud
 
 
 async def connect_device(
