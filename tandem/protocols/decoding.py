@@ -39,6 +39,22 @@ Draw = Callable[[torch.Tensor, int], int]  # (next-token logits [vocab], positio
 OnToken = Callable[[int], None]  # every mode streams its output tokens through this, in order
 
 
+def after_tokens(on_token: OnToken | None, count: int | None, then: Callable[[], None]) -> OnToken:
+    """`on_token`, plus `then()` once the `count`-th token has passed it (None or 0: never);
+    e.g. a crash test or demo that kills the cloud mid-generation."""
+    seen = 0
+
+    def tap(token: int) -> None:
+        nonlocal seen
+        seen += 1
+        if on_token is not None:
+            on_token(token)
+        if count and seen == count:
+            then()
+
+    return tap
+
+
 class IncrementalDetokenizer:
     """Turns a growing token list into text pieces without splitting multi-byte characters."""
 

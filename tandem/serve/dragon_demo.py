@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tandem.errors import TandemError
-from tandem.protocols.decoding import OnToken
+from tandem.protocols.decoding import OnToken, after_tokens
 from tandem.protocols.dragon.setup import ensure_index, load_side, set_threads
 from tandem.serve.dragon_session import emulated_link, run_device_session
 
@@ -105,15 +105,8 @@ def run_demo(
         setup = load_side(corpus=str(private_corpus), model=model, docs=config.docs_per_side)
         address = _wait_ready(child, ready, log)
         on_status(f"cloud ready on {address['host']}:{address['port']} (pid {address['pid']})")
-        seen = 0
-
-        def token_seen(token: int) -> None:
-            nonlocal seen
-            seen += 1
-            if on_token is not None:
-                on_token(token)
-            if kill_cloud_after and seen == kill_cloud_after:
-                child.kill()  # a crash: the socket closes without a goodbye
+        # a crash after `kill_cloud_after` tokens: the socket closes without a goodbye
+        token_seen = after_tokens(on_token, kill_cloud_after, child.kill)
 
         return asyncio.run(
             run_device_session(

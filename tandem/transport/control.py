@@ -9,7 +9,7 @@ measurements); this module only encodes and checks them.
 A few protocol messages carry data that has no message type of its own (DRAGON's padding
 bursts, the DRAGON baselines' documents, KV parts and whole sequences): they ride on a
 `DraftTokens` frame with position -1 and a reserved codec name (the *kind*), a JSON body in
-`arrays["body"]` (`control_message` / `control_kind` / `control_body`).
+`arrays["body"]` (`control_message` / `control_kind`; `body` reads them too).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def _json(body: dict) -> bytes:
 
 def start(mode: str, body: dict | None = None, tokens: tuple[int, ...] = ()) -> Start:
     """The first message of a `mode` session: settings `body`, prompt `tokens`."""
-    return Start(mode=mode, tokens=tuple(tokens), body=_json(body or {}))
+    return Start(mode=mode, tokens=tokens, body=_json(body or {}))
 
 
 def ready(body: dict | None = None) -> Ready:
@@ -35,7 +35,7 @@ def ready(body: dict | None = None) -> Ready:
 
 
 def end(tokens: tuple[int, ...] = ()) -> End:
-    return End(tokens=tuple(tokens))
+    return End(tokens=tokens)
 
 
 def stats(body: dict) -> Stats:
@@ -76,6 +76,3 @@ def control_kind(msg: object, kinds: tuple[str, ...] | frozenset[str]) -> str | 
     if isinstance(msg, DraftTokens) and msg.position < 0 and msg.codec in kinds:
         return msg.codec
     return None
-
-
-control_body = body  # the data frames' reader (same checks)

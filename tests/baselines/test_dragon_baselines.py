@@ -12,7 +12,7 @@ import pytest
 from tandem.baselines.dragon import run_baseline_pair, sequence_choice
 from tandem.baselines.dragon.context import context_layout
 from tandem.protocols.dragon import run_pair
-from tandem.transport import LinkConfig
+from tandem.transport import LinkConfig, control
 
 from .conftest import QUESTION, central_pair, tiny_config
 
@@ -147,5 +147,5 @@ def test_kv_parts_of_a_real_sized_state_cross_the_wire():
         parser.receive_data(encode_message(msg, compression=None))
         received.append(parser.next_event())
     assert len(received) == -(-len(data) // KV_PART_BYTES)
-    assert [wire.control_body(m)["last"] for m in received][-1]
+    assert [control.body(m)["last"] for m in received][-1]
     assert b"".join(wire.message_blob(m) for m in received) == data

@@ -45,7 +45,7 @@ def test_data_frames_carry_a_kind_a_body_and_padding():
     frame = round_trip(control.control_message("x.docs", {"texts": ["a"]}, padding=100))
     assert control.control_kind(frame, ("x.docs",)) == "x.docs"
     assert control.control_kind(frame, ("y",)) is None
-    assert control.control_body(frame) == {"texts": ["a"]}
+    assert control.body(frame) == {"texts": ["a"]}
     assert frame.arrays["body"].nbytes > 100
     draft = DraftTokens(seq=0, position=3, tokens=(1,), codec="x.docs")  # a real draft
     assert control.control_kind(draft, ("x.docs",)) is None

@@ -77,11 +77,9 @@ class BaselineReport:
     @property
     def per_token_s(self) -> float | None:
         """Mean gap between tokens; for drdg-sw (all tokens arrive at once) the decoding time
-        from `decode_start_s` to the chosen answer, per token."""
-        times = self.token_times
-        if self.method == "drdg-sw":
-            return (times[-1] - self.decode_start_s) / len(times) if times else None
-        return float(np.mean(np.diff(times))) if len(times) > 1 else None
+        from `decode_start_s` to the chosen answer, per token (see `headline`)."""
+        head = self.headline()
+        return head.decode_s / head.decode_tokens if head.decode_tokens else None
 
     def headline(self) -> Headline:
         """The device's view (a baseline's report is the device's; the finish reason is not
@@ -230,11 +228,11 @@ async def _drcg(channel, clock: _Clock, *, lm, knowledge, question, config, **_)
         kind = wire.base_kind(msg)
         first_byte = first_byte or clock.now()
         if kind == wire.BASE_DOCS:
-            body = wire.control_body(msg)
+            body = control.body(msg)
             report.transfer_bytes = sum(len(t.encode()) for t in body["texts"])
             break
         if kind == wire.BASE_KV:
-            body = wire.control_body(msg)
+            body = control.body(msg)
             parts.append(wire.message_blob(msg))
             if body["last"]:
                 report.transfer_bytes = sum(map(len, parts))
@@ -338,7 +336,7 @@ async def _drdg_sw(channel, clock: _Clock, *, lm, knowledge, question, config, *
     own_done = clock.now()
     while wire.base_kind(msg := await recv_app(channel)) != wire.BASE_SEQ:
         pass
-    body = wire.control_body(msg)
+    body = control.body(msg)
     theirs = list(msg.tokens)
     logprob = sum(
         math.log(float(codec.decode(payload, lm.vocab_size)[token]))

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 
 from tandem.errors import TandemError
-from tandem.protocols.decoding import OnToken
+from tandem.protocols.decoding import OnToken, after_tokens
 from tandem.protocols.dragon import wire
 from tandem.protocols.dragon.config import CLOUD, DEVICE, DragonConfig
 from tandem.protocols.dragon.knowledge import Knowledge
@@ -162,16 +162,6 @@ async def run_pair(
     cloud abruptly (no Bye) once the device knows n target tokens: a crash mid-generation."""
 
     def device(channel, kill_cloud):
-        count = 0
-
-        def tokens_seen(token: int) -> None:
-            nonlocal count
-            count += 1
-            if on_token is not None:
-                on_token(token)
-            if kill_cloud_after is not None and count == kill_cloud_after:
-                kill_cloud()
-
         return run_device(
             channel,
             lm=device_lm,
@@ -179,7 +169,7 @@ async def run_pair(
             question=question,
             config=config,
             profile=device_profile,
-            on_token=tokens_seen,
+            on_token=after_tokens(on_token, kill_cloud_after, kill_cloud),
         )
 
     def cloud(channel):

@@ -26,7 +26,6 @@ from tandem.codecs import Codec
 from tandem.protocols.dragon.config import DragonConfig
 from tandem.protocols.dragon.queues import Draft
 from tandem.transport import DraftTokens, Error, Start, SwitchAggregator, TargetToken, control
-from tandem.transport.control import control_body  # noqa: F401  (re-exported for callers)
 
 MODE = "dragon"  # Start.mode
 PAD = "dragon.pad"

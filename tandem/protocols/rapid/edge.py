@@ -51,14 +51,12 @@ DEFAULT_CODEC = ("top-k", {"k": 64})
 MODE = "rapid"  # Start.mode
 
 
-async def _expect(channel: Channel, seq: int | None) -> VerifyResult | Ready:
-    """The verdict of round `seq`, or (seq None) the Ready that answers a Start."""
+async def _expect(channel: Channel, kind: type, seq: int | None = None):
+    """The cloud's next message, which must be a `kind` (of round `seq`, for a verdict)."""
     reply = await channel.recv()
     if isinstance(reply, Error):
         raise TandemError(f"cloud refused the RAPID session: {reply.message}")
-    if seq is None and isinstance(reply, Ready):
-        return reply
-    if seq is None or not isinstance(reply, VerifyResult) or reply.seq != seq:
+    if not isinstance(reply, kind) or (seq is not None and reply.seq != seq):
         raise TandemError(f"unexpected reply from the cloud: {type(reply).__name__}")
     return reply
 
@@ -84,7 +82,7 @@ async def device_generate(
     await channel.send(control.start(MODE, {"question": question, "settings": settings}))
     ids = drafter_prompt(drafter_lm.tokenizer, retrieved, question)
     drafter_side = await asyncio.to_thread(Prefilled, drafter_lm, ids)
-    await _expect(channel, None)
+    await _expect(channel, Ready)
     prefill_s = time.perf_counter() - start
     drafter = ModelDrafter(
         drafter_lm,
@@ -116,7 +114,7 @@ async def device_generate(
                 arrays=bonus,
             )
         )
-        reply = await _expect(channel, seq)
+        reply = await _expect(channel, VerifyResult, seq)
         t2 = time.perf_counter()
         drafter.accept(reply.num_accepted, reply.next_token)
         draft_s, wait_s = draft_s + t1 - t0, wait_s + t2 - t1

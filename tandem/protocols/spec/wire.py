@@ -54,7 +54,7 @@ from tandem.transport import (
 
 def start_message(mode: str, config_json: dict, prompt, **extra) -> Start:
     """The session's first message: `mode`, the SpecConfig's JSON, the prompt's ids."""
-    return control.start(mode, {"config": config_json, **extra}, tuple(prompt))
+    return control.start(mode, {"config": config_json, **extra}, prompt)
 
 
 def request_message(seq: int, chunk: Chunk, codec_name: str) -> VerifyRequest:
