@@ -38,7 +38,7 @@ ETAS = (0.0, 5.0, 10.0, 20.0, 30.0, 50.0)
 
 
 class AuditedRule:
-    """A RapidRule that also records, at every drafted position, how far the laws are apart:
+    """RAPID's acceptance rule (`Augmented`) that also records, at every drafted position, how far the laws are apart:
     TV(paper-mode output law, p), TV(paper-mode output law, p_hat) and TV(p_hat, p), computed
     exactly (`tandem.sampling.rapid.output_law`) on the real q and z of the run."""
 
@@ -48,19 +48,20 @@ class AuditedRule:
         self.tv_paper_p_hat: list[float] = []
         self.tv_p_hat_p: list[float] = []
 
-    def __call__(self, draft_tokens, draft_probs, target_logits, generator):
+    def laws(self, target_probs, draft_probs):
+        """The inner rule's laws; the distances are recorded on the side (the target's law
+        enters as log-probabilities at temperature 1, as the rule itself reads it)."""
         from tandem.sampling import rapid
-        from tandem.sampling.warp import warp
 
-        r, gamma = self.inner, draft_tokens.shape[0]
+        r, gamma = self.inner, target_probs.shape[0] - 1
         draft = draft_probs[:gamma].double()  # [gamma, vocab]
-        logits = target_logits[:gamma].double()  # [gamma, vocab]
-        target = warp(logits, temperature=r.temperature)
+        target = target_probs[:gamma].double()  # [gamma, vocab]
+        logits = target.log()
         augmented = rapid.augmented_target(
-            logits, draft, r.eta, r.temperature, tail=r.tail, tail_ratio=r.tail_ratio
+            logits, draft, r.eta, 1.0, tail=r.tail, tail_ratio=r.tail_ratio
         )
         paper = rapid.output_law(
-            draft, logits, r.eta, r.temperature, mode="paper", tail=r.tail, tail_ratio=r.tail_ratio
+            draft, logits, r.eta, 1.0, mode="paper", tail=r.tail, tail_ratio=r.tail_ratio
         )
         for store, a, b in (
             (self.tv_paper_p, paper, target),
@@ -68,7 +69,7 @@ class AuditedRule:
             (self.tv_p_hat_p, augmented, target),
         ):
             store.extend((0.5 * (a - b).abs().sum(dim=-1)).tolist())
-        return r(draft_tokens, draft_probs, target_logits, generator)
+        return r.laws(target_probs, draft_probs)
 
     def summary(self) -> dict[str, float]:
         mean = statistics.mean

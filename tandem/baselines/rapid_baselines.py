@@ -21,28 +21,14 @@ from tandem.errors import TandemError
 from tandem.models.base import CausalLM, State
 from tandem.protocols.rapid.config import RapidConfig
 from tandem.protocols.rapid.drafter import ModelDrafter
-from tandem.protocols.rapid.engine import (
-    RapidResult,
-    autoregressive,
-    check_pair,
-    eos_id,
-    rapid,
-    speculative_generate,
-)
+from tandem.protocols.rapid.engine import RapidResult, check_pair, generate, make_target, rapid
 from tandem.protocols.rapid.states import Prefilled
-from tandem.protocols.rapid.target import PlainRule, TargetVerifier
+from tandem.sampling.acceptance import Standard
 
 
 def lc(target: Prefilled, config: RapidConfig) -> RapidResult:
     """LC: the target alone on its long-context prompt (RAG: the same on a C^S prompt)."""
-    result = autoregressive(
-        target.lm,
-        target.fresh(),
-        temperature=config.temperature,
-        max_new_tokens=config.max_new_tokens,
-        seed=config.seed,
-        eos=eos_id(target.lm, config),
-    )
+    result = generate(make_target(target.lm, target.fresh(), config, Standard()), None, config)
     result.prefill_s = target.prefill_s
     return result
 
@@ -100,16 +86,14 @@ def streaming_sd(
     state of its own that gets compressed), verified against the target's own law."""
     check_pair(target.lm, drafter_lm)
     drafter = StreamingDrafter(
-        drafter_lm, drafter_state, sink=sink, window=window, temperature=config.temperature
-    )
-    result = speculative_generate(
-        TargetVerifier(target.lm, target.fresh(), PlainRule(temperature=config.temperature)),
-        drafter,
-        gamma=config.gamma,
-        max_new_tokens=config.max_new_tokens,
+        drafter_lm,
+        drafter_state,
+        sink=sink,
+        window=window,
         seed=config.seed,
-        eos=eos_id(target.lm, config),
+        temperature=config.temperature,
     )
+    result = generate(make_target(target.lm, target.fresh(), config, Standard()), drafter, config)
     result.prefill_s = target.prefill_s
     result.extra.update(dropped=drafter.dropped, sink=sink, window=window)
     return result

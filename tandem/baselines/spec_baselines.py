@@ -19,7 +19,7 @@ import time
 
 from tandem.errors import TandemError
 from tandem.models.base import CausalLM
-from tandem.protocols.decoding import OnToken, decode_steps, position_draw
+from tandem.protocols.decoding import OnToken, decode_steps
 from tandem.protocols.spec import wire
 from tandem.protocols.spec.cloud import parse_start
 from tandem.protocols.spec.config import SpecConfig
@@ -30,10 +30,17 @@ from tandem.transport import ChannelClosed, End, Error, Stats, TargetToken, Tran
 
 
 def _steps(lm: CausalLM, ctx: LMContext, config: SpecConfig, eos: int | None):
-    """The one AR loop (tandem.protocols.decoding) from a prefilled context, drawing with the
-    verifier's position seeds, so cloud AR emits what every exact mode emits."""
-    draw = position_draw(config.seed, "verify", **config.sampling())
-    return decode_steps(lm, ctx.state, draw, max_new_tokens=config.max_new_tokens, eos=eos)
+    """The one decoding loop (tandem.protocols.decoding) with no drafter, from a prefilled
+    context, drawing with the verifier's position seeds, so cloud AR emits what every exact
+    mode emits."""
+    return decode_steps(
+        lm,
+        ctx.state,
+        seed=config.seed,
+        **config.sampling(),
+        max_new_tokens=config.max_new_tokens,
+        eos=eos,
+    )
 
 
 async def serve_cloud_ar(channel, lm: CausalLM, *, first=None) -> dict | None:

@@ -109,7 +109,11 @@ class SleepLM:
         return SleepState(ids=ids, logits=self.row(tuple(ids)).unsqueeze(0))
 
     def decode(self, state: SleepState, ids, cancel: threading.Event | None = None):
-        new = [int(t) for t in (ids.tolist() if isinstance(ids, torch.Tensor) else ids)]
+        ids = ids.tolist() if isinstance(ids, torch.Tensor) else list(ids)
+        if ids and isinstance(ids[0], list):  # [batch, n] with batch 1
+            assert len(ids) == 1, "SleepLM decodes one row"
+            ids = ids[0]
+        new = [int(t) for t in ids]
         self._decode_wait(state.seq_len, len(new), cancel)
         rows = [self.row(tuple(state.ids + new[: i + 1])) for i in range(len(new))]
         state.ids = state.ids + new

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from tandem.config import SamplingConfig
 from tandem.models.base import CausalLM
-from tandem.protocols.decoding import OnToken, decode_steps, stream_draw
+from tandem.protocols.decoding import OnToken, decode_steps
 from tandem.protocols.report import Headline
 
 
@@ -51,15 +51,21 @@ def generate(
     on_token: OnToken | None = None,
 ) -> GenerationResult:
     """Autoregressive decoding with the KV cache; streams through `on_token`."""
-    draw = stream_draw(
-        config.seed, temperature=config.temperature, top_k=config.top_k, top_p=config.top_p
-    )
     eos = lm.tokenizer.eos_token_id if config.stop_at_eos else None
     start = time.perf_counter()
     state = lm.prefill(prompt_ids)
     tokens: list[int] = []
     first_at = start
-    steps = decode_steps(lm, state, draw, max_new_tokens=config.max_new_tokens, eos=eos)
+    steps = decode_steps(
+        lm,
+        state,
+        seed=config.seed,
+        temperature=config.temperature,
+        top_k=config.top_k,
+        top_p=config.top_p,
+        max_new_tokens=config.max_new_tokens,
+        eos=eos,
+    )
     for token in steps:
         tokens.append(token)
         if len(tokens) == 1:

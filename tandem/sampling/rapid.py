@@ -22,6 +22,8 @@ Words used here:
              bonus ~ p. The paper (App. B) claims the output follows p. It does not: the mass
              p - min(q, p_hat) can be negative and clipping changes the law (DESIGN errata 1).
              `output_law` gives the law it actually has.
+Verification under p_hat is the rule `tandem.sampling.acceptance.Augmented` (its mode and
+tail rule as here) given to the one rejection sampler.
 - *temperature 0*: p and p_hat are the one-hot argmax of z (the T -> 0 limit of Eq. 6, as
   eta (q - p) is bounded), so both modes reduce to greedy decoding of the target.
 """
@@ -103,7 +105,7 @@ def paper_residual(
     return normalize(excess.clamp_min(0.0), target_probs)
 
 
-def _check_mode(mode: str) -> None:
+def check_mode(mode: str) -> None:
     if mode not in MODES:
         raise TandemError(f"unknown RAPID mode {mode!r}; choose one of {MODES}")
 
@@ -123,7 +125,7 @@ def output_law(
     "exact" gives p_hat; "paper" gives min(q, p_hat) + (1 - beta) * paper_residual, with
     beta = sum min(q, p_hat), which equals p only where p >= min(q, p_hat) everywhere.
     """
-    _check_mode(mode)
+    check_mode(mode)
     augmented = augmented_target(
         target_logits, draft_probs, eta, temperature, tail=tail, tail_ratio=tail_ratio
     )
@@ -133,72 +135,3 @@ def output_law(
     return speculative.position_law(
         draft_probs, augmented, paper_residual(draft_probs, target_probs, augmented)
     )
-
-
-def verify_batch(
-    draft_tokens: torch.Tensor,  # [batch, gamma] int64
-    draft_probs: torch.Tensor,  # [batch, gamma or gamma + 1, vocab]
-    target_logits: torch.Tensor,  # [batch, gamma + 1, vocab]
-    generator: torch.Generator,
-    *,
-    eta: float,
-    temperature: float,
-    mode: str = "exact",
-    tail: str = "paper",
-    tail_ratio: float = 0.1,
-) -> speculative.BatchVerdict:
-    """Verify a batch of RAG-drafted blocks against the augmented target (see module doc)."""
-    _check_mode(mode)
-    batch, gamma = draft_tokens.shape
-    vocab = target_logits.shape[-1]
-    assert target_logits.shape == (batch, gamma + 1, vocab), (target_logits.shape, gamma)
-    assert draft_probs.shape[0] == batch and draft_probs.shape[-1] == vocab, draft_probs.shape
-    assert draft_probs.shape[1] in (gamma, gamma + 1), (draft_probs.shape, gamma)
-    dtype = draft_probs.dtype
-    target_probs = warp(target_logits.to(dtype), temperature=temperature)  # [b, g+1, V]
-    rows = draft_probs.shape[1]  # augment every position whose draft law is known
-    augmented = augmented_target(
-        target_logits[:, :rows].to(dtype),
-        draft_probs,
-        eta,
-        temperature,
-        tail=tail,
-        tail_ratio=tail_ratio,
-    )  # [b, rows, V]
-    drafted = draft_probs[:, :gamma]
-    if mode == "exact":
-        verifier = torch.cat([augmented, target_probs[:, rows:]], dim=1)  # [b, g+1, V]
-        return speculative.verify_batch(draft_tokens, drafted, verifier, generator)
-    verifier = torch.cat([augmented[:, :gamma], target_probs[:, gamma:]], dim=1)
-    residual = paper_residual(drafted, target_probs[:, :gamma], augmented[:, :gamma])
-    return speculative.verify_batch(
-        draft_tokens, drafted, verifier, generator, residual_probs=residual
-    )
-
-
-def verify(
-    draft_tokens: torch.Tensor,  # [gamma] int64
-    draft_probs: torch.Tensor,  # [gamma or gamma + 1, vocab]
-    target_logits: torch.Tensor,  # [gamma + 1, vocab]
-    generator: torch.Generator,
-    *,
-    eta: float,
-    temperature: float,
-    mode: str = "exact",
-    tail: str = "paper",
-    tail_ratio: float = 0.1,
-) -> speculative.Verdict:
-    """Verify one RAG-drafted block (see `verify_batch` and the module doc)."""
-    assert draft_tokens.dim() == 1, draft_tokens.shape
-    verdicts = verify_batch(
-        draft_tokens.unsqueeze(0),
-        draft_probs.unsqueeze(0),
-        target_logits.unsqueeze(0),
-        generator,
-        eta=eta,
-        temperature=temperature,
-        mode=mode,
-        tail=tail,
-        tail_ratio=tail_ratio,
-    )
-    return verdicts.row(0)

@@ -18,7 +18,10 @@ Words used here:
   the deterministic test `draft token == argmax`, and the next token is the argmax.
 
 The output law is exactly the target chain (`docs/exactness.md`, `tests/exactness/`).
-`verify_batch` is the implementation; `verify` is its one-block view.
+`verify_batch` is the one rejection sampler every mode verifies with; `verify` is its
+one-block view. Its randomness comes from `draws` (`tandem.sampling.seeds`): the modes pass
+`PositionDraws` (one generator per output position); a bare `torch.Generator` is consumed
+in order.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tandem.sampling.seeds import Draws, as_draws
 from tandem.sampling.warp import is_one_hot, normalize
 
 
@@ -111,7 +115,7 @@ def verify_batch(
     draft_tokens: torch.Tensor,  # [batch, gamma] int64
     draft_probs: torch.Tensor,  # [batch, gamma, vocab]
     target_probs: torch.Tensor,  # [batch, gamma + 1, vocab]
-    generator: torch.Generator,
+    draws: torch.Generator | Draws,
     *,
     residual_probs: torch.Tensor | None = None,  # [batch, gamma, vocab]
 ) -> BatchVerdict:
@@ -130,9 +134,8 @@ def verify_batch(
     assert residual_probs.shape == (batch, gamma, vocab), residual_probs.shape
 
     # Stochastic path: u * draft(x) < target(x) has probability min(1, target(x) / draft(x)).
-    uniforms = torch.rand(
-        (batch, gamma), generator=generator, dtype=target_probs.dtype, device=target_probs.device
-    )
+    draws = as_draws(draws)
+    uniforms = draws.uniforms(batch, gamma, target_probs.dtype)
     index = draft_tokens.unsqueeze(-1)  # [batch, gamma, 1]
     draft_at = draft_probs.gather(-1, index).squeeze(-1)  # [batch, gamma]
     target_at = target_probs[:, :gamma].gather(-1, index).squeeze(-1)  # [batch, gamma]
@@ -140,18 +143,23 @@ def verify_batch(
 
     # Greedy path: all target rows one-hot -> accept iff the draft token is the argmax.
     greedy = is_one_hot(target_probs).all(dim=-1)  # [batch]
-    argmax = target_probs.argmax(dim=-1)  # [batch, gamma + 1]
-    passed = torch.where(greedy.unsqueeze(-1), draft_tokens == argmax[:, :gamma], passed)
+    any_greedy = bool(greedy.any())
+    if any_greedy:
+        argmax = target_probs.argmax(dim=-1)  # [batch, gamma + 1]
+        passed = torch.where(greedy.unsqueeze(-1), draft_tokens == argmax[:, :gamma], passed)
 
     num_accepted = passed.to(torch.int64).cumprod(dim=-1).sum(dim=-1)  # [batch]
     is_bonus = num_accepted == gamma
-    # Row the next token comes from: the residual at the first rejection, or the bonus row.
-    final_rows = torch.cat([residual_probs, target_probs[:, gamma:]], dim=1)  # [batch, g+1, V]
-    pick = num_accepted.view(batch, 1, 1).expand(batch, 1, vocab)
-    final_probs = final_rows.gather(1, pick).squeeze(1)  # [batch, vocab]
-    sampled = torch.multinomial(final_probs, 1, generator=generator).squeeze(-1)  # [batch]
-    greedy_next = argmax.gather(1, num_accepted.unsqueeze(-1)).squeeze(-1)  # [batch]
-    next_token = torch.where(greedy, greedy_next, sampled)
+    if any_greedy:
+        greedy_next = argmax.gather(1, num_accepted.unsqueeze(-1)).squeeze(-1)  # [batch]
+    if bool(greedy.all()):  # nothing to draw (a draw from a one-hot row is its argmax)
+        next_token = greedy_next
+    else:
+        # Row the next token comes from: the residual at the first rejection, or the bonus row.
+        final_rows = torch.cat([residual_probs, target_probs[:, gamma:]], dim=1)  # [b, g+1, V]
+        final_probs = final_rows[torch.arange(batch), num_accepted]  # [batch, vocab]
+        sampled = draws.next_tokens(final_probs, num_accepted)  # [batch]
+        next_token = torch.where(greedy, greedy_next, sampled) if any_greedy else sampled
     return BatchVerdict(
         draft_tokens=draft_tokens,
         num_accepted=num_accepted,
@@ -164,11 +172,17 @@ def verify(
     draft_tokens: torch.Tensor,  # [gamma] int64
     draft_probs: torch.Tensor,  # [gamma, vocab]
     target_probs: torch.Tensor,  # [gamma + 1, vocab]
-    generator: torch.Generator,
+    draws: torch.Generator | Draws,
+    *,
+    residual_probs: torch.Tensor | None = None,  # [gamma, vocab]
 ) -> Verdict:
     """Verify one block of draft tokens against the target's rows (bonus row last)."""
     assert draft_tokens.dim() == 1, draft_tokens.shape
     verdicts = verify_batch(
-        draft_tokens.unsqueeze(0), draft_probs.unsqueeze(0), target_probs.unsqueeze(0), generator
+        draft_tokens.unsqueeze(0),
+        draft_probs.unsqueeze(0),
+        target_probs.unsqueeze(0),
+        draws,
+        residual_probs=None if residual_probs is None else residual_probs.unsqueeze(0),
     )
     return verdicts.row(0)

@@ -116,33 +116,35 @@ def branching(oracle_ref: list):
         options = [(t, float(law[t])) for t in range(law.shape[0]) if float(law[t]) > 0]
         return oracle_ref[0].choose(options)
 
-    def verify(draft_tokens, draft_probs, target_probs, generator):
-        # the statement: accept x ~ q with min(1, p(x)/q(x)), else draw norm(max(0, p - q))
-        token = int(draft_tokens[0])
-        draft_law, target_law = _normalized(draft_probs[0]), _normalized(target_probs[0])
-        accept = min(1.0, float(target_law[token] / draft_law[token]))
-        options: list[tuple[object, float]] = []
-        if accept > 0:
-            options.append((None, accept))
-        if accept < 1:
-            residual = _normalized((target_law - draft_law).clamp_min(0.0))
-            options += [(y, (1 - accept) * float(residual[y])) for y in range(residual.shape[0])]
-            options = [(v, w) for v, w in options if w > 0]
-        outcome = oracle_ref[0].choose(options)
-        if outcome is None:
-            return Verdict(num_accepted=1, next_token=-1, is_bonus=False, accepted_tokens=(token,))
-        return Verdict(num_accepted=0, next_token=outcome, is_bonus=False, accepted_tokens=())
+    def judge(rule, draft_tokens, draft_probs, target_probs, draws):
+        # the statement, position by position: accept x ~ q with min(1, p(x)/q(x)), else
+        # draw norm(max(0, p - q)) and stop; a fully accepted block's bonus is not drawn
+        # (the eager cloud never sends one: a -1 would show up in the output)
+        laws = rule.laws(target_probs, draft_probs)
+        for i, token in enumerate(int(t) for t in draft_tokens):
+            draft_law, target_law = _normalized(draft_probs[i]), _normalized(laws.verify[i])
+            accept = min(1.0, float(target_law[token] / draft_law[token]))
+            options: list[tuple[object, float]] = []
+            if accept > 0:
+                options.append((None, accept))
+            if accept < 1:
+                residual = _normalized((target_law - draft_law).clamp_min(0.0))
+                options += [(y, (1 - accept) * float(residual[y])) for y in range(len(residual))]
+                options = [(v, w) for v, w in options if w > 0]
+            outcome = oracle_ref[0].choose(options)
+            if outcome is not None:
+                accepted = tuple(int(t) for t in draft_tokens[:i])
+                return Verdict(i, outcome, False, accepted), laws
+        accepted = tuple(int(t) for t in draft_tokens)
+        return Verdict(len(accepted), -1, True, accepted), laws
 
-    saved = (drafter_module.qs_draft, eager_module.sample_token, verifier_module.verify)
-    drafter_module.qs_draft, eager_module.sample_token, verifier_module.verify = (
-        draft,
-        sample_token,
-        verify,
-    )
+    saved = (drafter_module.qs_draft, eager_module.sample_at, verifier_module.judge)
+    drafter_module.qs_draft, verifier_module.judge = draft, judge
+    eager_module.sample_at = lambda probs, seed, purpose, position: sample_token(probs, None)
     try:
         yield
     finally:
-        drafter_module.qs_draft, eager_module.sample_token, verifier_module.verify = saved
+        drafter_module.qs_draft, eager_module.sample_at, verifier_module.judge = saved
 
 
 def law(run) -> dict[tuple[int, ...], float]:

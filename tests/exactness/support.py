@@ -13,6 +13,9 @@ import itertools
 import scipy.stats
 import torch
 
+from tandem.sampling import acceptance
+from tandem.sampling.warp import warp
+
 NUM_SAMPLES = 100_000
 P_VALUE_FLOOR = 1e-3
 LAW_TOLERANCE = 1e-6
@@ -120,3 +123,10 @@ def assert_chi_square(observed: torch.Tensor, expected_law: torch.Tensor) -> flo
 def counts(values: torch.Tensor, cells: int) -> torch.Tensor:
     """Histogram of int64 cell indices in [0, cells)."""
     return torch.bincount(values.reshape(-1), minlength=cells)
+
+
+def rapid_verify_batch(tokens, draft, logits, draws, *, eta, temperature, mode="exact"):
+    """RAPID's rule on the one sampler, from the target's logits (what `Target` does)."""
+    rule = acceptance.Augmented(eta=eta, mode=mode)
+    target = warp(logits.to(draft.dtype), temperature=temperature)
+    return acceptance.verify_batch(rule, tokens, draft, target, draws)

@@ -24,6 +24,7 @@ from .support import (
     dirichlet,
     law_pair,
     max_abs,
+    rapid_verify_batch,
     total_variation,
 )
 
@@ -139,7 +140,7 @@ def test_verify_batch_draws_the_enumerated_block_law(
     bonus = augmented[gamma] if (mode == "exact" and bonus_draft) else target_rows[gamma]
     law = enumerated_block(mode, draft_rows[:gamma], target_rows, augmented, bonus)
     drafts = sample(draft_rows[:gamma].expand(NUM_SAMPLES, gamma, vocab), generator)
-    verdicts = rapid.verify_batch(
+    verdicts = rapid_verify_batch(
         drafts,
         given.expand(NUM_SAMPLES, *given.shape),
         target_logits.expand(NUM_SAMPLES, gamma + 1, vocab),
@@ -173,13 +174,13 @@ def test_greedy_rapid_is_plain_greedy_of_the_target(mode, temperature):
         drafts = torch.tensor(drafts)
         accepted = int((drafts == argmax[:gamma]).to(torch.int64).cumprod(0).sum())
         for seed in range(3):
-            verdict = rapid.verify(
-                drafts,
-                draft_rows,
-                target_logits,
+            verdict = rapid_verify_batch(
+                drafts[None],
+                draft_rows[None],
+                target_logits[None],
                 torch.Generator().manual_seed(seed),
                 eta=10.0,
                 temperature=temperature,
                 mode=mode,
-            )
+            ).row(0)
             assert (verdict.num_accepted, verdict.next_token) == (accepted, int(argmax[accepted]))

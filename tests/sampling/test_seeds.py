@@ -25,3 +25,40 @@ def test_a_generator_depends_only_on_seed_purpose_and_position():
         torch.rand(3, generator=position_generator(1, "verify", 4)).tolist()
         == draws[(1, "verify", 4)]
     )
+
+
+def _one_position_at_a_time(tokens, draft, target, seed, first):
+    """How the spec cloud verified before the one sampler took whole blocks: each position
+    with its own generator, one-token blocks, the bonus from a fresh generator."""
+    from tandem.codecs import sample_token
+    from tandem.sampling.speculative import verify
+
+    for i, token in enumerate(tokens.tolist()):
+        generator = position_generator(seed, "verify", first + i)
+        verdict = verify(torch.tensor([token]), draft[i : i + 1], target[i : i + 2], generator)
+        if verdict.num_accepted == 0:
+            return i, verdict.next_token
+    generator = position_generator(seed, "verify", first + len(tokens))
+    return len(tokens), sample_token(target[-1], generator)
+
+
+def test_position_draws_give_a_block_what_one_position_at_a_time_gives():
+    """`PositionDraws` makes a block's verdict a function of its positions' draws alone: the
+    same verdicts as one-token blocks verified position by position (so blocks of any size,
+    and the pipelined spec modes' merged requests, draw the same tokens)."""
+    from tandem.sampling.seeds import PositionDraws
+    from tandem.sampling.speculative import verify
+
+    generator = torch.Generator().manual_seed(3)
+    agree = 0
+    for seed in range(200):
+        gamma, vocab = 1 + seed % 4, 5
+        draft = torch.softmax(torch.randn(gamma, vocab, generator=generator), -1)
+        target = torch.softmax(torch.randn(gamma + 1, vocab, generator=generator), -1)
+        tokens = torch.multinomial(draft, 1, generator=generator).squeeze(-1)
+        first = seed % 7
+        block = verify(tokens, draft, target, PositionDraws(seed, "verify", first))
+        expected = _one_position_at_a_time(tokens, draft, target, seed, first)
+        assert (block.num_accepted, block.next_token) == expected
+        agree += block.num_accepted == gamma
+    assert 0 < agree < 200  # both full acceptances and rejections were compared

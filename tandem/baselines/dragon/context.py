@@ -22,13 +22,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from tandem.models.base import CausalLM, State
 from tandem.protocols.decoding import decode_steps
 from tandem.protocols.dragon.config import DragonConfig
 from tandem.protocols.dragon.prompt import RagPrompt
-from tandem.sampling.seeds import position_generator
 
 OnStep = Callable[[int], None]
 
@@ -75,27 +72,22 @@ def _docs(tokenizer, docs: list[str]) -> list[int]:
     return [i for doc in docs for i in _encode(tokenizer, f"{doc}\n")]
 
 
-def next_token(logits: torch.Tensor, config: DragonConfig, position: int) -> int:
-    """logits [vocab] -> the token at `position` (greedy or position-seeded draw)."""
-    if config.greedy:
-        return int(logits.argmax())
-    probs = torch.softmax(logits.float() / config.temperature, dim=-1)
-    return int(
-        torch.multinomial(probs, 1, generator=position_generator(config.seed, "context", position))
-    )
-
-
 def generate(
     lm: CausalLM, state: State, config: DragonConfig, *, on_step: OnStep | None = None
 ) -> list[int]:
     """Decode one row from a prefilled state until length or EOS; `on_step(token)` each."""
     eos = lm.tokenizer.eos_token_id if config.stop_at_eos else None
     tokens: list[int] = []
-
-    def draw(logits: torch.Tensor, position: int) -> int:
-        return next_token(logits, config, position)
-
-    for token in decode_steps(lm, state, draw, max_new_tokens=config.max_new_tokens, eos=eos):
+    steps = decode_steps(
+        lm,
+        state,
+        seed=config.seed,
+        temperature=0.0 if config.greedy else config.temperature,
+        max_new_tokens=config.max_new_tokens,
+        eos=eos,
+        purpose="context",
+    )
+    for token in steps:
         tokens.append(token)
         if on_step is not None:
             on_step(token)

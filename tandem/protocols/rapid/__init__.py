@@ -6,10 +6,10 @@ Modules, bottom up:
 - `retrieval`: C^S out of C (chunk, embed, threshold, budget), its bounds;
 - `prompts`: the target's and the drafter's prompts (the authors' wording);
 - `states`: block prefill of long prompts, `Prefilled` (one prefill shared by methods);
-- `drafter`: the `Drafter` strategy and `ModelDrafter` (drafts sampled from the sent law);
-- `target`: verification rules (`RapidRule`: exact / paper mode; `PlainRule`) and
-  `TargetVerifier` (one forward pass per round, KV rollback);
-- `engine`: the rounds (`speculative_generate`), `rapid`, `run_rapid`, plain decoding;
+- `drafter`: `ModelDrafter`, the decoding core's `Drafter` (drafts sampled from the sent law);
+- `engine`: RAPID on the one decoding core (`tandem.protocols.decoding`: `Target` verifying
+  under the rule `tandem.sampling.acceptance.Augmented`, exact / paper mode; `Standard` for
+  plain SD), `rapid`, `run_rapid`, plain decoding (no drafter);
 - `edge`: the same split over `tandem.transport` (device drafts, cloud verifies);
 - `tasks`: the offline long-context task set from the stdlib docs;
 - `runner`: what `tandem rapid ...` calls.

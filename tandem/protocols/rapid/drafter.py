@@ -1,4 +1,5 @@
-"""Drafters: propose gamma tokens and the law each was drawn from.
+"""RAPID's drafter: proposes gamma tokens and the law each was drawn from (the decoding core's
+`Drafter`, `tandem.protocols.decoding`).
 
 Words used here:
 - *draft law* (draft_probs): the distribution a draft token was sampled from. When a codec is
@@ -8,29 +9,18 @@ Words used here:
   mode needs it so that the bonus token also follows p_hat.
 - *fed*: a token already in the drafter's KV cache. After a round, rejected drafts are rolled
   back and the accepted ones not yet fed, plus the next token, are fed at the next round.
-
-`Drafter` is the one-method-pair strategy the engine talks to (`draft`, then `accept`).
+- draws: the token at output position p is drawn with the generator of (seed, "draft", p)
+  (`tandem.sampling.seeds`), on the device of a split run as in the local loop.
 """
 
 from __future__ import annotations
-
-from typing import Protocol
 
 import torch
 
 from tandem.codecs import Codec
 from tandem.models.base import CausalLM, State
-from tandem.sampling.warp import sample, warp
-
-
-class Drafter(Protocol):
-    def draft(self, gamma: int, generator: torch.Generator) -> tuple[list[int], torch.Tensor]:
-        """gamma tokens and their laws, [gamma or gamma + 1, vocab] float32."""
-        ...
-
-    def accept(self, num_accepted: int, next_token: int) -> None:
-        """The verifier kept the first `num_accepted` drafts and then emitted `next_token`."""
-        ...
+from tandem.sampling.seeds import sample_at
+from tandem.sampling.warp import warp
 
 
 class ModelDrafter:
@@ -41,13 +31,14 @@ class ModelDrafter:
         lm: CausalLM,
         state: State,
         *,
+        seed: int,
         temperature: float,
         bonus_row: bool = False,
         codec: Codec | None = None,
         top_k: int | None = None,
         top_p: float | None = None,
     ):
-        self.lm, self.state = lm, state
+        self.lm, self.state, self.seed = lm, state, seed
         self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
         self.bonus_row, self.codec = bonus_row, codec
         self.unfed: list[int] = []
@@ -64,13 +55,13 @@ class ModelDrafter:
     def before_round(self) -> None:
         """Hook for drafters that manage their cache (StreamingDrafter compresses it here)."""
 
-    def draft(self, gamma: int, generator: torch.Generator) -> tuple[list[int], torch.Tensor]:
+    def propose(self, gamma: int, position: int) -> tuple[list[int], torch.Tensor]:
         self.before_round()
         logits = self._feed(self.unfed) if self.unfed else self.state.logits[0]
         tokens, rows = [], []
         for i in range(gamma):
             probs = self.law(logits)
-            token = int(sample(probs, generator))
+            token = sample_at(probs, self.seed, "draft", position + i)
             tokens.append(token)
             rows.append(probs)
             if i + 1 < gamma or self.bonus_row:

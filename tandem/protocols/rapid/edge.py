@@ -10,7 +10,7 @@ its rounds are VerifyRequest / VerifyResult):
                                                <-    Ready(body {prompt_tokens})
     round k: draft gamma tokens from q         ->    decode the payloads into q, score the
           VerifyRequest(seq k, position,             block in one forward pass, verify
-          tokens, codec, one payload per token,      (RapidRule: eta, mode, tail)
+          tokens, codec, one payload per token,      (rule Augmented: eta, mode, tail)
           arrays {bonus: the bonus row's payload}
           in exact mode)
                                                <-    VerifyResult(seq k, num_accepted,
@@ -20,9 +20,9 @@ its rounds are VerifyRequest / VerifyResult):
 `settings` holds RapidConfig's fields and the codec's name and parameters. A channel may carry
 several generations: each opens with its own Start. Drafts are sampled from the codec's
 *transmitted* law (tandem.codecs), which is exactly what the cloud decodes, so verification
-is exact. The device drafts with the
-seed, the cloud verifies with seed + 1, as the local engine does: with the same codec the
-split run emits the same tokens as `engine.rapid`.
+is exact. Both sides draw with the one position scheme (the device's drafts
+(seed, "draft", p), the cloud's tests (seed, "verify", p)), as the local engine does: with
+the same codec the split run emits the same tokens as `engine.rapid`.
 """
 
 from __future__ import annotations
@@ -38,13 +38,12 @@ import torch
 from tandem.codecs import Codec, make_codec
 from tandem.errors import TandemError
 from tandem.models.base import CausalLM
-from tandem.protocols.decoding import OnToken
+from tandem.protocols.decoding import OnToken, Rounds, Target
 from tandem.protocols.rapid.config import RapidConfig
 from tandem.protocols.rapid.drafter import ModelDrafter
-from tandem.protocols.rapid.engine import RapidResult, Rounds, eos_id, make_rule
+from tandem.protocols.rapid.engine import RapidResult, eos_id, make_rule, make_target, result_of
 from tandem.protocols.rapid.prompts import drafter_prompt, target_prompt
 from tandem.protocols.rapid.states import Prefilled
-from tandem.protocols.rapid.target import TargetVerifier
 from tandem.transport import Channel, Error, Ready, Start, VerifyRequest, VerifyResult, control
 
 DEFAULT_CODEC = ("top-k", {"k": 64})
@@ -87,19 +86,19 @@ async def device_generate(
     drafter = ModelDrafter(
         drafter_lm,
         drafter_side.fresh(),
+        seed=config.seed,
         temperature=config.temperature,
         bonus_row=config.draft_bonus_row,
         codec=sender,
     )
-    generator = torch.Generator().manual_seed(config.seed)
     rounds = Rounds(
         gamma=config.gamma, max_new_tokens=config.max_new_tokens, eos=eos_id(drafter_lm, config)
     )
-    draft_s = wait_s = 0.0
     decode_start = time.perf_counter()
-    while block := rounds.block():
+    while not rounds.done:
+        block, position = rounds.block(), len(rounds.tokens)
         t0 = time.perf_counter()
-        drafts, draft_probs = await asyncio.to_thread(drafter.draft, block, generator)
+        drafts, draft_probs = await asyncio.to_thread(drafter.propose, block, position)
         payloads = [sender.encode(row) for row in draft_probs]
         t1 = time.perf_counter()
         seq = len(rounds.per_round) + 1
@@ -107,7 +106,7 @@ async def device_generate(
         await channel.send(
             VerifyRequest(
                 seq=seq,
-                position=len(rounds.tokens),
+                position=position,
                 tokens=tuple(drafts),
                 codec=name,
                 distributions=tuple(payloads[:block]),
@@ -117,16 +116,16 @@ async def device_generate(
         reply = await _expect(channel, VerifyResult, seq)
         t2 = time.perf_counter()
         drafter.accept(reply.num_accepted, reply.next_token)
-        draft_s, wait_s = draft_s + t1 - t0, wait_s + t2 - t1
+        rounds.draft_s += t1 - t0
+        rounds.verify_s += t2 - t1  # seen from the device: uplink + verification + downlink
         for token in rounds.record(drafts, reply.num_accepted, reply.next_token):
             if on_token is not None:
                 on_token(token)
-    return rounds.result(
+    return result_of(
+        rounds,
         drafter_lm.tokenizer,
         prefill_s=prefill_s,
         decode_s=time.perf_counter() - decode_start,
-        draft_s=draft_s,
-        verify_s=wait_s,  # seen from the device: uplink + cloud verification + downlink
         extra={
             "uplink_bytes": channel.bytes_sent - sent0,
             "downlink_bytes": channel.bytes_received - received0,
@@ -148,9 +147,8 @@ async def cloud_session(
     `first`: a message already read from the channel (a multi-mode server's dispatcher reads
     it). Returns the session's counts (generations opened, verify rounds, drafts verified and
     accepted, tokens emitted) when the device closes the channel."""
-    verifier: TargetVerifier | None = None
+    verifier: Target | None = None
     codec: Codec | None = None
-    generator = torch.Generator()
     stats = {"generations": 0, "rounds": 0, "drafts_verified": 0, "drafts_accepted": 0, "tokens": 0}
 
     async def handle(msg: Start | VerifyRequest) -> None:
@@ -167,8 +165,7 @@ async def cloud_session(
                 return
             ids = target_prompt(target_lm.tokenizer, context, question)
             target_side = await asyncio.to_thread(Prefilled, target_lm, ids)
-            verifier = TargetVerifier(target_lm, target_side.fresh(), make_rule(config))
-            generator.manual_seed(config.seed + 1)
+            verifier = make_target(target_lm, target_side.fresh(), config, make_rule(config))
             stats["generations"] += 1
             await channel.send(control.ready({"prompt_tokens": len(ids)}))
             return
@@ -180,7 +177,9 @@ async def cloud_session(
         if "bonus" in msg.arrays:  # the drafter's law at the bonus position (exact mode)
             payloads.append(msg.arrays["bonus"].astype(np.uint8).tobytes())
         draft_probs = torch.stack([codec.decode(p, vocab) for p in payloads])
-        verdict = await asyncio.to_thread(verifier.verify, list(msg.tokens), draft_probs, generator)
+        verdict = await asyncio.to_thread(
+            verifier.verify, msg.position, list(msg.tokens), draft_probs
+        )
         stats["rounds"] += 1
         stats["drafts_verified"] += len(msg.tokens)
         stats["drafts_accepted"] += verdict.num_accepted

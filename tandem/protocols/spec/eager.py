@@ -6,7 +6,7 @@ decoding on its own from its last committed token, and streams those tokens down
 committed. Words used here (as in drafter.py and verifier.py), and:
 
 - *AR step*: the cloud samples the token at its frontier from the target law with the
-  generator the verifier would use there, tandem.sampling.seeds.position_generator(seed, "verify", position).
+  generator the verifier would use there, tandem.sampling.seeds.sample_at(..., seed, "verify", position).
   Right after a verification the row it needs is already computed (the pass's last row, or the
   residual token is pending), so the first step after a fully accepted block is free: it plays
   the bonus token's role (verify() draws no bonus in this mode).
@@ -52,11 +52,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from tandem.codecs import sample_token
 from tandem.errors import TandemError
 from tandem.protocols.spec.drafter import Drafter, Outcome
 from tandem.protocols.spec.verifier import Request, Result, Verifier
-from tandem.sampling.seeds import position_generator
+from tandem.sampling.seeds import sample_at
 from tandem.sampling.warp import warp
 
 
@@ -96,8 +95,7 @@ class EagerVerifier(Verifier):
             return None
         row = self.ctx.logits(cancel=self.cancel)[-1]  # [vocab]
         target_probs = warp(row, **self.config.sampling())
-        generator = position_generator(self.config.seed, "verify", self.frontier)
-        token = sample_token(target_probs, generator)
+        token = sample_at(target_probs, self.config.seed, "verify", self.frontier)
         self.committed.append(token)
         self.ctx.append([token])
         self.ar_steps += 1

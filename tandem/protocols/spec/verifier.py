@@ -10,12 +10,14 @@ Words used here (as in drafter.py): *committed* output tokens, *frontier* = thei
   block's tail), so every position gets exactly one target draw either way.
 
 With `config.eta > 0` every draft position is verified against RAPID's augmented target p_hat
-(the target's law shifted toward the transmitted draft law there) and no bonus is drawn.
+(the rule `tandem.sampling.acceptance.Augmented`: the target's law shifted toward the
+transmitted draft law there) and no bonus is drawn.
 
 `verify(request)` runs one forward pass of the target over fixed + drafts (preemptible through
-`cancel`), then verifies position by position with `tandem.sampling.speculative.verify`, each
-position with its own generator (tandem.sampling.seeds.position_generator), and rolls the cache back to the
-committed tokens. Requests that arrive for an old epoch or another position are stale
+`cancel`), then judges the drafts with the one rejection sampler under the session's rule
+(`tandem.sampling.acceptance.judge`), each position with its own generator
+(`tandem.sampling.seeds.PositionDraws`, as the decoding core draws), and rolls the cache back
+to the committed tokens. Requests that arrive for an old epoch or another position are stale
 (`accepts` is False) and are dropped by the caller.
 """
 
@@ -27,13 +29,12 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from tandem.codecs import TopKCodec, sample_token
+from tandem.codecs import TopKCodec
 from tandem.models.base import CausalLM
 from tandem.protocols.spec.config import SpecConfig
 from tandem.protocols.spec.context import LMContext
-from tandem.sampling.rapid import augmented_from_probs
-from tandem.sampling.seeds import position_generator
-from tandem.sampling.speculative import verify
+from tandem.sampling.acceptance import Augmented, Rule, Standard, judge
+from tandem.sampling.seeds import PositionDraws
 from tandem.sampling.warp import warp
 
 
@@ -99,6 +100,7 @@ class Verifier:
         self.config = config
         self.ctx = LMContext(lm, prompt_ids)
         self.eos_id = eos_id if config.stop_at_eos else None
+        self.rule = make_rule(config)
         self.committed: list[int] = []
         self.epoch = 0
         self.cancel = threading.Event()
@@ -132,10 +134,8 @@ class Verifier:
         self.forward_passes += 1
         self.committed.extend(request.fixed)
         target_probs = warp(rows[len(request.fixed) :], **self.config.law_sampling())  # [n+1, V]
-        final = request.final
-        if self.config.augmented and drafts:
-            target_probs = self._augment(target_probs, request.draft_rows[: len(drafts)])
-            final = False  # no draft law at the bonus position: no bonus (config.py)
+        # augmented: no draft law at the bonus position, so no bonus (config.py)
+        final = request.final and not (self.config.augmented and drafts)
         num_accepted, next_token, payload = self._verify_positions(
             first, drafts, request.draft_rows, target_probs, final
         )
@@ -159,23 +159,6 @@ class Verifier:
             verify_s=time.perf_counter() - start,
         )
 
-    def _augment(
-        self,
-        target_probs: torch.Tensor,  # [n + 1, vocab]
-        draft_rows: torch.Tensor,  # [n, vocab] the transmitted draft laws
-    ) -> torch.Tensor:  # [n + 1, vocab]: p_hat at the n draft positions, the target after
-        config = self.config
-        n = draft_rows.shape[0]
-        augmented = augmented_from_probs(
-            target_probs[:n].to(draft_rows.dtype),
-            draft_rows,
-            config.eta,
-            greedy=config.augmented_greedy,
-            tail=config.tail,
-            tail_ratio=config.tail_ratio,
-        )
-        return torch.cat([augmented, target_probs[n:].to(draft_rows.dtype)])
-
     def _verify_positions(
         self,
         first: int,
@@ -184,21 +167,35 @@ class Verifier:
         target_probs: torch.Tensor,  # [len(drafts) + 1, vocab]
         final: bool,
     ) -> tuple[int, int | None, bytes]:
-        seed = self.config.seed
-        for i, token in enumerate(drafts):
-            generator = position_generator(seed, "verify", first + i)
-            verdict = verify(
-                torch.tensor([token]), draft_rows[i : i + 1], target_probs[i : i + 2], generator
-            )
-            if verdict.num_accepted == 0:
-                if self.config.separate:
-                    codec = TopKCodec(k=self.config.downlink_k)
-                    return i, None, codec.encode(target_probs[i])
-                return i, verdict.next_token, b""
-            if token == self.eos_id:
-                return i + 1, None, b""
-        bonus_position = first + len(drafts)
-        if final and bonus_position < self.config.max_new_tokens:
-            generator = position_generator(seed, "verify", bonus_position)
-            return len(drafts), sample_token(target_probs[-1], generator), b""
-        return len(drafts), None, b""
+        n = len(drafts)
+        rows = draft_rows[:n] if n else target_probs.new_zeros((0, target_probs.shape[-1]))
+        verdict, laws = judge(
+            self.rule,
+            torch.tensor(drafts, dtype=torch.int64),
+            rows,
+            target_probs,
+            PositionDraws(self.config.seed, "verify", first),
+        )
+        accepted = drafts[: verdict.num_accepted]
+        if self.eos_id in accepted:  # nothing after an accepted eos counts
+            return accepted.index(self.eos_id) + 1, None, b""
+        if verdict.num_accepted < n:
+            if self.config.separate:  # the device draws the recovered token from the top-K
+                codec = TopKCodec(k=self.config.downlink_k)
+                return verdict.num_accepted, None, codec.encode(laws.verify[verdict.num_accepted])
+            return verdict.num_accepted, verdict.next_token, b""
+        if final and first + n < self.config.max_new_tokens:
+            return n, verdict.next_token, b""
+        return n, None, b""
+
+
+def make_rule(config: SpecConfig) -> Rule:
+    """The session's acceptance rule: the target's law, or RAPID's p_hat when eta > 0."""
+    if not config.augmented:
+        return Standard()
+    return Augmented(
+        eta=config.eta,
+        greedy=config.augmented_greedy,
+        tail=config.tail,
+        tail_ratio=config.tail_ratio,
+    )

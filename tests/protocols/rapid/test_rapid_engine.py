@@ -194,9 +194,8 @@ def test_streaming_sd_greedy_equals_target_greedy(tiny_lm, tiny_lm_b):
 def test_streaming_drafter_recompresses_as_it_grows(tiny_lm):
     target_ids, _ = prompts(tiny_lm)
     state = Prefilled(tiny_lm, target_ids).copy()
-    drafter = StreamingDrafter(tiny_lm, state, sink=4, window=32, slack=8, temperature=0.0)
-    generator = torch.Generator().manual_seed(0)
-    for _ in range(10):
-        tokens, _ = drafter.draft(4, generator)
+    drafter = StreamingDrafter(tiny_lm, state, sink=4, window=32, slack=8, seed=0, temperature=0.0)
+    for round_ in range(10):
+        tokens, _ = drafter.propose(4, 5 * round_)
         drafter.accept(4, tokens[0])
     assert drafter.state.seq_len <= 4 + 32 + 8 + 5 + 1
