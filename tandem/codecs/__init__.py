@@ -15,7 +15,6 @@ from tandem.codecs.base import (
     CodecError,
     Draft,
     draft,
-    sample_token,
     tv_distance,
 )
 from tandem.codecs.dense import DenseCodec, IdentityCodec
@@ -62,6 +61,5 @@ __all__ = [
     "TopPCodec",
     "draft",
     "make_codec",
-    "sample_token",
     "tv_distance",
 ]

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from tandem.errors import TandemError
+from tandem.sampling.warp import sample_one
 
 MAX_VOCAB = 1 << 24  # larger vocabularies are refused before anything is allocated
 
@@ -109,15 +110,9 @@ def draft(codec: Codec, draft_probs: torch.Tensor, generator: torch.Generator) -
     codec's sender state. This is the QS step every drafter should use."""
     payload = codec.encode(draft_probs)
     sent_probs = codec.transmitted_probs(draft_probs)
-    token = sample_token(sent_probs, generator)
+    token = sample_one(sent_probs, generator)
     codec.observe(draft_probs)
     return Draft(token=token, sent_probs=sent_probs, payload=payload)
-
-
-def sample_token(probs: torch.Tensor, generator: torch.Generator) -> int:
-    """One token from `probs` ([vocab], need not be normalized)."""
-    assert probs.dim() == 1, probs.shape
-    return int(torch.multinomial(probs.float(), 1, generator=generator).item())
 
 
 def tv_distance(probs_a: torch.Tensor, probs_b: torch.Tensor) -> float:

@@ -23,6 +23,8 @@ from typing import Protocol
 
 import torch
 
+from tandem.sampling.warp import sample_one
+
 
 def position_seed(seed: int, purpose: str, position: int) -> int:
     """A 63-bit seed for one draw."""
@@ -37,9 +39,7 @@ def position_generator(seed: int, purpose: str, position: int) -> torch.Generato
 
 def sample_at(probs: torch.Tensor, seed: int, purpose: str, position: int) -> int:
     """One token from `probs` ([vocab], need not be normalized) with the position's generator."""
-    assert probs.dim() == 1, probs.shape
-    generator = position_generator(seed, purpose, position)
-    return int(torch.multinomial(probs.float(), 1, generator=generator))
+    return sample_one(probs, position_generator(seed, purpose, position))
 
 
 class Draws(Protocol):

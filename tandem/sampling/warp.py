@@ -103,5 +103,17 @@ def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     return tokens.reshape(probs.shape[:-1])
 
 
+def sample_one(probs: torch.Tensor, generator: torch.Generator) -> int:
+    """One token from `probs` ([vocab], need not be normalized). A row with a single nonzero
+    entry (a greedy law) returns it without drawing: a draw could return nothing else, and
+    over a 152K vocabulary it costs about 3.5 ms on one core. The generator is then not
+    advanced, so callers that consume one generator in order must not rely on its state;
+    every mode draws from a fresh generator per position (`tandem.sampling.seeds`)."""
+    assert probs.dim() == 1, probs.shape
+    if int(torch.count_nonzero(probs)) == 1:
+        return int(probs.argmax())
+    return int(torch.multinomial(probs.float(), 1, generator=generator))
+
+
 def _float_dtype(tensor: torch.Tensor) -> torch.dtype:
     return tensor.dtype if tensor.is_floating_point() else torch.float32

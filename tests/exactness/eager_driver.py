@@ -111,7 +111,7 @@ def branching(oracle_ref: list):
         options = [(t, float(law[t])) for t in range(law.shape[0]) if float(law[t]) > 0]
         return Draft(token=oracle_ref[0].choose(options), sent_probs=sent_probs, payload=payload)
 
-    def sample_token(probs, generator):
+    def sample_one(probs, generator):
         law = _normalized(probs)
         options = [(t, float(law[t])) for t in range(law.shape[0]) if float(law[t]) > 0]
         return oracle_ref[0].choose(options)
@@ -140,7 +140,7 @@ def branching(oracle_ref: list):
 
     saved = (drafter_module.qs_draft, eager_module.sample_at, verifier_module.judge)
     drafter_module.qs_draft, verifier_module.judge = draft, judge
-    eager_module.sample_at = lambda probs, seed, purpose, position: sample_token(probs, None)
+    eager_module.sample_at = lambda probs, seed, purpose, position: sample_one(probs, None)
     try:
         yield
     finally:

@@ -30,8 +30,8 @@ def test_a_generator_depends_only_on_seed_purpose_and_position():
 def _one_position_at_a_time(tokens, draft, target, seed, first):
     """How the spec cloud verified before the one sampler took whole blocks: each position
     with its own generator, one-token blocks, the bonus from a fresh generator."""
-    from tandem.codecs import sample_token
     from tandem.sampling.speculative import verify
+    from tandem.sampling.warp import sample_one
 
     for i, token in enumerate(tokens.tolist()):
         generator = position_generator(seed, "verify", first + i)
@@ -39,7 +39,7 @@ def _one_position_at_a_time(tokens, draft, target, seed, first):
         if verdict.num_accepted == 0:
             return i, verdict.next_token
     generator = position_generator(seed, "verify", first + len(tokens))
-    return len(tokens), sample_token(target[-1], generator)
+    return len(tokens), sample_one(target[-1], generator)
 
 
 def test_position_draws_give_a_block_what_one_position_at_a_time_gives():

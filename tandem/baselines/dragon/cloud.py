@@ -101,7 +101,7 @@ async def _crcg_cloud(channel, *, lm, knowledge, question, config) -> dict:
     def produce() -> list[int]:  # decode thread; the event loop sends in order
         try:
             return generate(
-                lm, state, config, on_step=lambda t: loop.call_soon_threadsafe(queue.put_nowait, t)
+                lm, state, config, on_token=lambda t: loop.call_soon_threadsafe(queue.put_nowait, t)
             )
         finally:
             loop.call_soon_threadsafe(queue.put_nowait, None)

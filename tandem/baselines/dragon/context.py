@@ -18,16 +18,13 @@ system turn, with all documents inside one turn instead of one turn per row.
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from tandem.models.base import CausalLM, State
-from tandem.protocols.decoding import decode_steps
+from tandem.protocols.decoding import OnToken, decode_steps
 from tandem.protocols.dragon.config import DragonConfig
 from tandem.protocols.dragon.prompt import RagPrompt
-
-OnStep = Callable[[int], None]
 
 
 @dataclass(frozen=True)
@@ -73,9 +70,9 @@ def _docs(tokenizer, docs: list[str]) -> list[int]:
 
 
 def generate(
-    lm: CausalLM, state: State, config: DragonConfig, *, on_step: OnStep | None = None
+    lm: CausalLM, state: State, config: DragonConfig, *, on_token: OnToken | None = None
 ) -> list[int]:
-    """Decode one row from a prefilled state until length or EOS; `on_step(token)` each."""
+    """Decode one row from a prefilled state until length or EOS; `on_token(token)` each."""
     eos = lm.tokenizer.eos_token_id if config.stop_at_eos else None
     tokens: list[int] = []
     steps = decode_steps(
@@ -89,8 +86,8 @@ def generate(
     )
     for token in steps:
         tokens.append(token)
-        if on_step is not None:
-            on_step(token)
+        if on_token is not None:
+            on_token(token)
     return tokens
 
 

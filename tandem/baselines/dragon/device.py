@@ -167,7 +167,7 @@ def run_crcg_device(
     state = prefill_context(lm, layout, knowledge.kv_store)
     report.decode_start_s = clock.now()
     report.extra["context_tokens"] = len(layout.ids)
-    generate(lm, state, config, on_step=clock.token)
+    generate(lm, state, config, on_token=clock.token)
     report.text = lm.tokenizer.decode(report.tokens)
     return report
 
@@ -250,7 +250,7 @@ async def _drcg(channel, clock: _Clock, *, lm, knowledge, question, config, **_)
         report.extra["kv_block_tokens"] = int(body["block_tokens"])
     report.extra["cloud_docs"] = int(body["docs"])
     report.decode_start_s = clock.now()
-    await asyncio.to_thread(generate, lm, state, config, on_step=clock.token)  # times in-thread
+    await asyncio.to_thread(generate, lm, state, config, on_token=clock.token)  # times in-thread
 
 
 def _extend(lm, data: bytes, rest: list[int]):

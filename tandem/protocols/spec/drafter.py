@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tandem.codecs import Codec, TopKCodec, make_codec, sample_token
+from tandem.codecs import Codec, TopKCodec, make_codec
 from tandem.codecs import draft as qs_draft
 from tandem.errors import TandemError
 from tandem.models.base import CausalLM
@@ -32,7 +32,7 @@ from tandem.protocols.spec.config import SpecConfig
 from tandem.protocols.spec.context import LMContext
 from tandem.protocols.spec.separate import device_residual
 from tandem.sampling.seeds import position_generator
-from tandem.sampling.warp import warp
+from tandem.sampling.warp import sample_one, warp
 
 
 @dataclass(frozen=True)
@@ -143,7 +143,7 @@ class Drafter:
         generator = position_generator(self.config.seed, "draft", position)
         bits = None
         if self.codec is None:
-            token = sample_token(draft_probs, generator)
+            token = sample_one(draft_probs, generator)
             sent_probs, payload = draft_probs, b""
         else:
             if bits_left is not None or self.config.bit_budget is not None:
@@ -212,7 +212,7 @@ class Drafter:
             )
             law = device_residual(rejected_draft.draft_probs, sent_target)
             generator = position_generator(self.config.seed, "resample", rejected_draft.position)
-            next_token = sample_token(law, generator)
+            next_token = sample_one(law, generator)
             self.fixed.append(next_token)
         if rejected:
             self._codec_backtrack(rejected_draft)
