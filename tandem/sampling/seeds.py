@@ -12,8 +12,9 @@ token (recovered or bonus). `PositionDraws` gives position i of a block starting
 position `first` the generator of (seed, purpose, first + i): its uniform, then, if the
 block stops there, the next token from the same generator; a bonus at first + gamma gets
 that position's fresh generator, so a decoding step with no drafts draws exactly what
-`sample_at` draws. `StreamDraws` (a bare `torch.Generator` consumed in order) serves
-batched math and its tests only.
+`sample_at` draws; tokens are drawn by `tandem.sampling.warp.sample_one`. `StreamDraws` (a
+bare `torch.Generator` consumed in order, `torch.multinomial` per row) serves batched math
+and its tests only.
 """
 
 from __future__ import annotations
@@ -86,8 +87,8 @@ class PositionDraws:
 
     def next_tokens(self, probs: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         assert probs.shape[0] == 1, probs.shape
-        generator = self._generator(int(index[0]))
-        return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        token = sample_one(probs[0], self._generator(int(index[0])))
+        return torch.tensor([token], dtype=torch.int64)
 
 
 def as_draws(randomness: torch.Generator | Draws) -> Draws:

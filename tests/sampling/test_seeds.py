@@ -28,18 +28,17 @@ def test_a_generator_depends_only_on_seed_purpose_and_position():
 
 
 def _one_position_at_a_time(tokens, draft, target, seed, first):
-    """How the spec cloud verified before the one sampler took whole blocks: each position
-    with its own generator, one-token blocks, the bonus from a fresh generator."""
+    """How the spec cloud verified before the one sampler took whole blocks: one-token
+    blocks, each with its position's generator, the bonus drawn at its own position."""
+    from tandem.sampling.seeds import PositionDraws, sample_at
     from tandem.sampling.speculative import verify
-    from tandem.sampling.warp import sample_one
 
     for i, token in enumerate(tokens.tolist()):
-        generator = position_generator(seed, "verify", first + i)
-        verdict = verify(torch.tensor([token]), draft[i : i + 1], target[i : i + 2], generator)
+        draws = PositionDraws(seed, "verify", first + i)
+        verdict = verify(torch.tensor([token]), draft[i : i + 1], target[i : i + 2], draws)
         if verdict.num_accepted == 0:
             return i, verdict.next_token
-    generator = position_generator(seed, "verify", first + len(tokens))
-    return len(tokens), sample_one(target[-1], generator)
+    return len(tokens), sample_at(target[-1], seed, "verify", first + len(tokens))
 
 
 def test_position_draws_give_a_block_what_one_position_at_a_time_gives():
