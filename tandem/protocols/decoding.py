@@ -150,9 +150,6 @@ class Target:
             logits = rows if self.pending else torch.cat([self.prompt_logits, rows])
         assert logits.shape[0] == n + 1, (logits.shape, n)
         target_probs = warp(logits, **self.sampling)  # [n + 1, vocab]
-        if draft_probs is None:
-            assert n == 0, "drafts need their laws"
-            draft_probs = target_probs.new_zeros((0, target_probs.shape[-1]))
         verdict, _ = judge(
             self.rule,
             torch.tensor(drafts, dtype=torch.int64),

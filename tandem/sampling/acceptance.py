@@ -68,8 +68,6 @@ class Augmented:
         """Works on any leading (batch) dimensions: [..., n + 1, vocab], [..., rows, vocab]."""
         n, rows = target_probs.shape[-2] - 1, draft_probs.shape[-2]
         assert rows in (n, n + 1), (target_probs.shape, draft_probs.shape)
-        if n == 0:
-            return Laws(target_probs)
         dtype = draft_probs.dtype
         target = target_probs.to(dtype)
         augmented = augmented_from_probs(
@@ -88,30 +86,19 @@ class Augmented:
         return Laws(torch.cat([augmented[..., :n, :], target[..., n:, :]], dim=-2), residual)
 
 
-def verify_batch(
-    rule: Rule,
-    draft_tokens: torch.Tensor,  # [batch, n] int64
-    draft_probs: torch.Tensor,  # [batch, n or n + 1, vocab]
-    target_probs: torch.Tensor,  # [batch, n + 1, vocab]
-    draws: torch.Generator | Draws,
-) -> speculative.BatchVerdict:
-    """Verify a batch of blocks under `rule` (the one sampler, given the rule's laws)."""
-    n = draft_tokens.shape[-1]
-    laws = rule.laws(target_probs, draft_probs)
-    return speculative.verify_batch(
-        draft_tokens, draft_probs[:, :n], laws.verify, draws, residual_probs=laws.residual
-    )
-
-
 def judge(
     rule: Rule,
     draft_tokens: torch.Tensor,  # [n] int64
-    draft_probs: torch.Tensor,  # [n or n + 1, vocab]
+    draft_probs: torch.Tensor | None,  # [n or n + 1, vocab]; None: no drafts (n = 0)
     target_probs: torch.Tensor,  # [n + 1, vocab]
     draws: torch.Generator | Draws,
 ) -> tuple[speculative.Verdict, Laws]:
-    """Verify one block under `rule`; also returns the laws it was tested against."""
+    """Verify one block under `rule` with the one sampler; also returns the laws it was
+    tested against. With no drafts it is one decoding step (the bonus draw alone)."""
     n = draft_tokens.shape[0]
+    if draft_probs is None:
+        assert n == 0, "drafts need their laws"
+        draft_probs = target_probs.new_zeros((0, target_probs.shape[-1]))
     laws = rule.laws(target_probs, draft_probs)
     verdict = speculative.verify(
         draft_tokens, draft_probs[:n], laws.verify, draws, residual_probs=laws.residual

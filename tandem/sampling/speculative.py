@@ -143,23 +143,18 @@ def verify_batch(
 
     # Greedy path: all target rows one-hot -> accept iff the draft token is the argmax.
     greedy = is_one_hot(target_probs).all(dim=-1)  # [batch]
-    any_greedy = bool(greedy.any())
-    if any_greedy:
-        argmax = target_probs.argmax(dim=-1)  # [batch, gamma + 1]
-        passed = torch.where(greedy.unsqueeze(-1), draft_tokens == argmax[:, :gamma], passed)
+    argmax = target_probs.argmax(dim=-1)  # [batch, gamma + 1]
+    passed = torch.where(greedy.unsqueeze(-1), draft_tokens == argmax[:, :gamma], passed)
 
     num_accepted = passed.to(torch.int64).cumprod(dim=-1).sum(dim=-1)  # [batch]
     is_bonus = num_accepted == gamma
-    if any_greedy:
-        greedy_next = argmax.gather(1, num_accepted.unsqueeze(-1)).squeeze(-1)  # [batch]
-    if bool(greedy.all()):  # nothing to draw (a draw from a one-hot row is its argmax)
-        next_token = greedy_next
-    else:
+    next_token = argmax.gather(1, num_accepted.unsqueeze(-1)).squeeze(-1)  # [batch] greedy
+    if not bool(greedy.all()):  # (a draw from a one-hot row could only give its argmax)
         # Row the next token comes from: the residual at the first rejection, or the bonus row.
         final_rows = torch.cat([residual_probs, target_probs[:, gamma:]], dim=1)  # [b, g+1, V]
         final_probs = final_rows[torch.arange(batch), num_accepted]  # [batch, vocab]
         sampled = draws.next_tokens(final_probs, num_accepted)  # [batch]
-        next_token = torch.where(greedy, greedy_next, sampled) if any_greedy else sampled
+        next_token = torch.where(greedy, next_token, sampled)
     return BatchVerdict(
         draft_tokens=draft_tokens,
         num_accepted=num_accepted,

@@ -13,7 +13,7 @@ import itertools
 import scipy.stats
 import torch
 
-from tandem.sampling import acceptance
+from tandem.sampling import acceptance, speculative
 from tandem.sampling.warp import warp
 
 NUM_SAMPLES = 100_000
@@ -127,6 +127,10 @@ def counts(values: torch.Tensor, cells: int) -> torch.Tensor:
 
 def rapid_verify_batch(tokens, draft, logits, draws, *, eta, temperature, mode="exact"):
     """RAPID's rule on the one sampler, from the target's logits (what `Target` does)."""
-    rule = acceptance.Augmented(eta=eta, mode=mode)
-    target = warp(logits.to(draft.dtype), temperature=temperature)
-    return acceptance.verify_batch(rule, tokens, draft, target, draws)
+    laws = acceptance.Augmented(eta=eta, mode=mode).laws(
+        warp(logits.to(draft.dtype), temperature=temperature), draft
+    )
+    n = tokens.shape[-1]
+    return speculative.verify_batch(
+        tokens, draft[:, :n], laws.verify, draws, residual_probs=laws.residual
+    )

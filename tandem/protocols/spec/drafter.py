@@ -31,7 +31,7 @@ from tandem.models.base import CausalLM
 from tandem.protocols.spec.config import SpecConfig
 from tandem.protocols.spec.context import LMContext
 from tandem.protocols.spec.separate import device_residual
-from tandem.sampling.seeds import position_generator
+from tandem.sampling.seeds import position_generator, sample_at
 from tandem.sampling.warp import sample_one, warp
 
 
@@ -211,8 +211,7 @@ class Drafter:
                 target_payload, self.lm.vocab_size
             )
             law = device_residual(rejected_draft.draft_probs, sent_target)
-            generator = position_generator(self.config.seed, "resample", rejected_draft.position)
-            next_token = sample_one(law, generator)
+            next_token = sample_at(law, self.config.seed, "resample", rejected_draft.position)
             self.fixed.append(next_token)
         if rejected:
             self._codec_backtrack(rejected_draft)

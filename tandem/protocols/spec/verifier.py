@@ -168,11 +168,10 @@ class Verifier:
         final: bool,
     ) -> tuple[int, int | None, bytes]:
         n = len(drafts)
-        rows = draft_rows[:n] if n else target_probs.new_zeros((0, target_probs.shape[-1]))
         verdict, laws = judge(
             self.rule,
             torch.tensor(drafts, dtype=torch.int64),
-            rows,
+            draft_rows[:n] if n else None,
             target_probs,
             PositionDraws(self.config.seed, "verify", first),
         )
