@@ -335,6 +335,13 @@ def _record(problem: dict, mode: str, report) -> dict:
             "rejected": [int(v.rejected) for v in report.verdicts],
             "chunk_sizes": list(report.chunk_sizes),
         }
+    cloud = getattr(report, "cloud", None) or {}
+    if cloud.get("verify_drafts"):  # the cloud's passes: (drafts, ms) each, and its AR steps
+        record["cloud_passes"] = {
+            "drafts": list(cloud["verify_drafts"]),
+            "verify_ms": [1e3 * s for s in cloud["verify_s"]],
+            "ar_step_ms": [1e3 * s for s in cloud.get("ar_step_s", [])],
+        }
     return record
 
 

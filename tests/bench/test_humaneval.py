@@ -140,6 +140,10 @@ def test_tiny_end_to_end_two_problems_two_modes(tmp_path):
     assert exact["checked"] and exact["per_mode"]["spec-async"]["problems_differing_tokens"] == 0
     traces = [r["acceptance_trace"] for r in saved["runs"] if r["mode"] == "spec-async"]
     assert len(traces) == 2 and all(sum(t["accepted"]) + sum(t["has_next"]) == 6 for t in traces)
+    for run in (r for r in saved["runs"] if r["mode"] == "spec-async"):  # the cloud's passes
+        passes = run["cloud_passes"]
+        assert len(passes["drafts"]) == len(passes["verify_ms"]) == run["verdicts"]
+        assert min(passes["drafts"]) >= 1 and min(passes["verify_ms"]) > 0
     agreement = saved["draft_agreement_teacher_forced"]
     assert set(agreement) == {"HumanEval/0", "HumanEval/1"} and all(
         a == [1] * 6 for a in agreement.values()

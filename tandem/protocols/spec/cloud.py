@@ -94,6 +94,7 @@ class CloudSession:
             "model": getattr(lm, "name", ""),
             "prefill_s": 0.0,
             "verify_s": [],
+            "verify_drafts": [],  # drafts in each verification pass (verify_s's sizes)
             "requests": 0,
             "stale_requests": 0,
             "merged_requests": 0,
@@ -252,6 +253,7 @@ class CloudSession:
 
     def _record(self, request: Request, result) -> None:
         self.stats["verify_s"].append(result.verify_s)
+        self.stats["verify_drafts"].append(len(request.drafts))
         drafts = min(len(request.drafts), self.config.max_new_tokens - result.position)
         drafts = min(max(0, drafts), result.num_accepted + (1 if result.rejected else 0))
         self.stats["drafts_verified"] += drafts
