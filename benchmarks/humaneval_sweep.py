@@ -10,7 +10,11 @@ Reads the result files (unchanged) and derives, per RTT:
   ar, async and eager from the costs measured in the same run: t_draft = the spec modes' mean
   drafting time per token, t_ar = cloud AR's mean time per token, the verification line
   through t_ar and the mean verification time of a `draft_len` block, the RTT of the run,
-  and each mode's own pooled acceptance rate; `model_error` = predicted / measured - 1.
+  and each mode's own pooled acceptance rate; `model_error` = predicted / measured - 1;
+- `epoch_model`: the epoch model's (`tandem.protocols.spec.epochs`, our pipelines' own rules)
+  decode rate of async and eager, from the same run's draft step, RTT and the cloud's passes
+  (a line fitted to each pass's drafts and time, `cloud_passes`; result files recorded before
+  the bench kept them have no such check).
 """
 
 from __future__ import annotations
@@ -88,7 +92,56 @@ def summarize(payload: dict[str, Any]) -> dict[str, Any]:
                 "measured_decode_tok_s": measured, "model_error": predicted / measured - 1.0,
             }  # fmt: skip
         record["eq9"] = model
+    if epoch := _epoch_check(setup, runs, per_mode, t_draft):
+        record["epoch_model"] = epoch
     return record
+
+
+def _pass_line(runs: list[dict]) -> tuple[float, float] | None:
+    """(ms of a pass with no drafts, ms per draft): least squares over the cloud's passes of
+    the spec modes (`cloud_passes`, recorded by the bench since it exists); None without two
+    pass sizes."""
+    points = []
+    for r in runs:
+        if r["mode"] in MODEL and "cloud_passes" in r:
+            passes = r["cloud_passes"]
+            points += zip(passes["drafts"], passes["verify_ms"], strict=True)
+    if len({n for n, _ in points}) < 2:
+        return None
+    mean_n = statistics.fmean(n for n, _ in points)
+    mean_ms = statistics.fmean(ms for _, ms in points)
+    slope = sum((n - mean_n) * (ms - mean_ms) for n, ms in points) / sum(
+        (n - mean_n) ** 2 for n, _ in points
+    )
+    return mean_ms - slope * mean_n, slope
+
+
+def _epoch_check(setup, runs, per_mode, t_draft) -> dict[str, Any] | None:
+    """The epoch model's (tandem.protocols.spec.epochs) decode rate of async and eager from
+    the pass line, the draft step and the RTT of this run, against the measured one."""
+    from tandem.protocols.spec import epochs
+    from tandem.protocols.spec.planner import Costs
+
+    line = _pass_line(runs)
+    if line is None or not t_draft:
+        return None
+    base_ms, per_ms = line
+    costs = Costs(t_draft=t_draft / 1e3, decode_base=(base_ms - per_ms) / 1e3,
+                  decode_per_token=per_ms / 1e3, rtt=setup["rtt_ms"] / 1e3)  # fmt: skip
+    block = int(setup["draft_len"])
+    check = {"pass_ms": {"no_drafts": base_ms, "per_draft": per_ms},
+             "t_draft_ms": t_draft, "block": block, "per_mode": {}}  # fmt: skip
+    for mode in ("spec-async", "spec-eager"):
+        if mode not in per_mode or not per_mode[mode]["decode_tok_s"]:
+            continue
+        alpha = per_mode[mode]["acceptance_rate"] or 0.0
+        predicted = epochs.rate(MODEL[mode], alpha, block, costs)
+        measured = per_mode[mode]["decode_tok_s"]
+        check["per_mode"][mode] = {
+            "alpha": alpha, "predicted_decode_tok_s": predicted,
+            "measured_decode_tok_s": measured, "model_error": predicted / measured - 1.0,
+        }  # fmt: skip
+    return check
 
 
 def run(paths: list[Path], *, out: Path, name: str = "humaneval_sweep") -> dict[str, Any]:

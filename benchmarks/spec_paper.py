@@ -24,7 +24,9 @@ Words used here:
   is not exact and is left out. Draft length 4 for the fixed methods.
 - throughput = tokens / total time (TTFT included); decode = (tokens - 1) / time after the
   first token. `predicted` = planner.throughput (Eq. 7, Eq. 9, Eq. 9 extended) at the trace's
-  mean agreement and the calibrated costs, compared with the measured decode rate.
+  mean agreement and the calibrated costs, compared with the measured decode rate;
+  `predicted_epoch` = the epoch model (tandem.protocols.spec.epochs: the pipelines' own
+  rules, i.i.d. acceptance) for PicoSpec and eager.
 
 One process: device and cloud sessions over `memory_pair` with the in-process link emulator
 (delay RTT/2 each way, 100 Mbit/s); sleeping needs no cores, so the machine's load matters
@@ -47,7 +49,7 @@ from benchmarks import RESULTS
 from benchmarks.report import Machines, new_figure, save_json, save_png
 from benchmarks.spec import PROMPTS
 from tandem.models.emulated import SleepLM
-from tandem.protocols.spec import SpecConfig, run_pair
+from tandem.protocols.spec import SpecConfig, epochs, run_pair
 from tandem.protocols.spec.planner import Controller, Costs, throughput
 from tandem.transport import LinkConfig, memory_pair
 
@@ -275,11 +277,11 @@ def summarize(runs, traces, rtts, methods) -> list[dict]:
                 predicted = throughput(model, alpha, gamma, calibrated_costs(rtt / 1e3))
                 group[method]["predicted_decode_tok_s"] = predicted
                 group[method]["predicted_model"] = model
-                if method == "picospec":  # our pipeline keeps several blocks in flight
-                    deep = throughput("async-deep", alpha, gamma, calibrated_costs(rtt / 1e3))
-                    group[method]["predicted_deep_decode_tok_s"] = deep
-                    group[method]["predicted_deep_over_measured"] = (
-                        deep / group[method]["decode_tok_s"]
+                if method in ("picospec", "eager"):  # our pipelines, priced by their rules
+                    epoch = epochs.rate(model, alpha, gamma, calibrated_costs(rtt / 1e3))
+                    group[method]["predicted_epoch_decode_tok_s"] = epoch
+                    group[method]["predicted_epoch_over_measured"] = (
+                        epoch / group[method]["decode_tok_s"]
                     )
                 group[method]["predicted_over_measured"] = predicted / group[method]["decode_tok_s"]
             for row in group.values():
@@ -298,13 +300,15 @@ def summarize(runs, traces, rtts, methods) -> list[dict]:
 
 def _print(console, table) -> None:
     out = Table(title="EMULATED paper hardware, acceptance from traces (tok/s, TTFT included)")
-    for col in ("trace", "RTT", "method", "tok/s", "decode", "predicted", "x s&w", "x AR",
-                "x PicoSpec", "accept", "chose"):  # fmt: skip
+    for col in ("trace", "RTT", "method", "tok/s", "decode", "predicted", "epoch model",
+                "x s&w", "x AR", "x PicoSpec", "accept", "chose"):  # fmt: skip
         out.add_column(col, justify="left" if col in ("trace", "method", "chose") else "right")
     for r in table:
         out.add_row(
             r["trace"], f"{r['rtt_ms']:.0f}", r["method"], f"{r['throughput_tok_s']:.2f}",
             f"{r['decode_tok_s']:.2f}", f"{r['predicted_decode_tok_s']:.2f}",
+            f"{r['predicted_epoch_decode_tok_s']:.2f}" if "predicted_epoch_decode_tok_s" in r
+            else "-",
             f"{r.get('speedup_vs_stop_and_wait', 0):.2f}", f"{r.get('speedup_vs_cloud_ar', 0):.2f}",
             f"{r.get('speedup_vs_picospec', 0):.2f}", f"{r['acceptance_rate']:.2f}",
             ",".join(r["chose"]),
@@ -327,7 +331,13 @@ def _plot(out, name, table, methods) -> None:
     axes[0].legend(fontsize=7)
     measured = [r["decode_tok_s"] for r in table]
     predicted = [r["predicted_decode_tok_s"] for r in table]
-    axes[1].scatter(measured, predicted, s=12)
+    axes[1].scatter(measured, predicted, s=12, label="planner (Eq. 7 / 9 / extended)")
+    epoch = [(r["decode_tok_s"], r["predicted_epoch_decode_tok_s"]) for r in table
+             if "predicted_epoch_decode_tok_s" in r]  # fmt: skip
+    if epoch:
+        axes[1].scatter([m for m, _ in epoch], [e for _, e in epoch], s=12, marker="x",
+                        label="epoch model")  # fmt: skip
+        predicted = predicted + [e for _, e in epoch]
     top = max(measured + predicted) * 1.05
     axes[1].plot([0, top], [0, top], color="grey", linewidth=0.8)
     axes[1].plot([0, top], [0, 1.1 * top], color="grey", linestyle=":", linewidth=0.8)
@@ -335,6 +345,7 @@ def _plot(out, name, table, methods) -> None:
     for r in table:
         axes[1].annotate(r["method"][:5], (r["decode_tok_s"], r["predicted_decode_tok_s"]),
                          fontsize=5)  # fmt: skip
-    axes[1].set(title="predicted (planner) vs measured decode rate", xlabel="measured tok/s",
+    axes[1].set(title="predicted vs measured decode rate", xlabel="measured tok/s",
                 ylabel="predicted tok/s")  # fmt: skip
+    axes[1].legend(fontsize=6)
     save_png(fig, out, name)

@@ -75,3 +75,23 @@ def test_run_writes_one_table_sorted_by_rtt(tmp_path):
         run([tmp_path / "bad.json"], out=tmp_path)
     with pytest.raises(TandemError, match="one or more"):
         run([], out=tmp_path)
+
+
+def test_the_epoch_model_is_priced_on_the_pass_line_fitted_to_the_clouds_passes():
+    from tandem.protocols.spec import epochs
+
+    data = payload()
+    assert "epoch_model" not in summarize(data)  # older files: no passes recorded
+    for run_ in data["runs"]:
+        if run_["mode"] in ("spec-async", "spec-eager"):  # passes on the line 90 + 80 n ms
+            run_["cloud_passes"] = {"drafts": [1, 3, 4, 4], "verify_ms": [170, 330, 410, 410],
+                                    "ar_step_ms": []}  # fmt: skip
+    check = summarize(data)["epoch_model"]
+    assert check["pass_ms"] == pytest.approx({"no_drafts": 90.0, "per_draft": 80.0})
+    costs = Costs(t_draft=0.05, decode_base=0.01, decode_per_token=0.08, rtt=0.1)
+    for mode, pipeline in (("spec-async", "async"), ("spec-eager", "eager")):
+        got = check["per_mode"][mode]
+        assert got["predicted_decode_tok_s"] == pytest.approx(epochs.rate(pipeline, 0.9, 4, costs))
+        assert got["model_error"] == pytest.approx(
+            got["predicted_decode_tok_s"] / got["measured_decode_tok_s"] - 1
+        )

@@ -11,12 +11,6 @@ rates in tokens/s (TTFT excluded). EL = (1 - alpha^gamma) / (1 - alpha) (Eq. 5),
     sync    R = EL_bonus / (gamma t_draft + rtt + t_decode(gamma + 1))           (Eq. 6-7)
     async   R = EL / [h max(T_d, rtt + t_v) + (1 - h)(T_d + rtt + t_v)]            (Eq. 9)
             with T_d = gamma t_draft, t_v = t_decode(gamma)
-    async-deep  Eq. 9 for a pipeline with enough blocks in flight to hide the RTT (ours:
-            device.py's auto lookahead) and fast verification (a new chain's first chunk
-            is c = first_chunk drafts): a block costs max(T_d, t_v) when accepted, and a
-            rejection adds the idle gap rtt + c t_draft before the next verification:
-            R = EL / [h max(T_d, t_v) + (1 - h)(t_v + rtt + c t_draft)]. A prediction only:
-            the controller plans with the paper's Eq. 9 for "async".
     eager   the extension of Eq. 9 to "the cloud never idles" (eager.py). A rejection
             opens a gap in which the cloud decodes on its own (AR) while the verdict goes
             down and the device drafts a new chain from the residual; speculation resumes
@@ -37,6 +31,10 @@ rates in tokens/s (TTFT excluded). EL = (1 - alpha^gamma) / (1 - alpha) (Eq. 5),
             side sets the pace); a rejection costs T_rec, during which the cloud still
             produces tokens at its AR rate instead of idling. alpha -> 0 gives R -> 1 / t_ar
             (cloud AR), alpha -> 1 gives R -> gamma / max(T_d, t_v).
+
+These closed forms are what the controller plans with (cheap enough for every round). Our
+pipelines do more than they price (blocks in flight, a short first chunk, merged passes):
+epochs.py prices their own rules, the prediction the benchmarks compare with measurements.
 
 Device-only decoding is not exact (the draft model's law), so it is never a choice here.
 The controller (`Controller`) keeps running estimates of alpha, t_draft, t_decode's line and
@@ -104,9 +102,6 @@ def throughput(method: str, alpha: float, gamma: int, costs: Costs) -> float:
     hit, t_v = alpha**gamma, c.t_decode(gamma)
     if method == "async":
         step = hit * max(t_blk, c.rtt + t_v) + (1.0 - hit) * (t_blk + c.rtt + t_v)
-        return expected_length(alpha, gamma) / step
-    if method == "async-deep":
-        step = hit * max(t_blk, t_v) + (1.0 - hit) * (t_v + c.rtt + c.first_chunk * c.t_draft)
         return expected_length(alpha, gamma) / step
     if method == "eager":
         if c.t_draft >= c.t_ar:

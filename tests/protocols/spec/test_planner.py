@@ -39,13 +39,6 @@ def test_sync_and_async_are_picospec_eq_7_and_9(alpha):
     assert throughput("ar", alpha, gamma, PAPER) == pytest.approx(1 / 0.072)
 
 
-def test_async_deep_hides_the_rtt_when_every_block_is_accepted():
-    gamma = 4
-    streaming = gamma / max(gamma * PAPER.t_draft, PAPER.t_decode(gamma))
-    assert throughput("async-deep", 1.0, gamma, PAPER) == pytest.approx(streaming)
-    assert throughput("async-deep", 0.8, gamma, PAPER) > throughput("async", 0.8, gamma, PAPER)
-
-
 def test_eager_catches_up_only_with_a_device_faster_than_the_clouds_own_decoding():
     from tandem.protocols.spec.planner import catch_up_drafts
 
