@@ -8,3 +8,7 @@ traceback and exits with status 2.
 
 class TandemError(Exception):
     """A user-facing error with a one-line message."""
+
+
+class ModeNotServed(TandemError):
+    """The cloud refused a session because it does not serve that mode (its Error code "mode")."""

@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import time
 
-from tandem.errors import TandemError
+from tandem.errors import ModeNotServed, TandemError
 from tandem.models.base import CausalLM
 from tandem.protocols.decoding import OnToken, decode_steps
 from tandem.protocols.spec import wire
@@ -97,7 +97,8 @@ async def run_cloud_ar(
         while len(report.tokens) < config.max_new_tokens and eos not in report.tokens:
             msg = await channel.recv()
             if isinstance(msg, Error):
-                raise TandemError(f"cloud error: {msg.message}")
+                kind = ModeNotServed if msg.code == "mode" else TandemError
+                raise kind(f"cloud error: {msg.message}")
             if isinstance(msg, TargetToken):
                 report.tokens.append(msg.token)
                 report.token_times.append(time.perf_counter() - start)

@@ -51,12 +51,14 @@ async def with_cloud(lm, body, *, modes=None, secret=SECRET, link=None):
         await server.close()
 
 
-def run_mode(device_lm, cloud_lm, prompt, mode, config, *, secret=SECRET, modes=None, link=None):
+def run_mode(device_lm, cloud_lm, prompt, mode, config, *, secret=SECRET, modes=None, link=None,
+             controller=None):  # fmt: skip
     async def body(port):
         transport = TransportConfig.for_model(device_lm, role="device", secret=secret, link=link)
         return await run_generation(
-            mode, lm=device_lm, prompt_ids=prompt, config=config, port=port, transport=transport
-        )
+            mode, lm=device_lm, prompt_ids=prompt, config=config, port=port, transport=transport,
+            controller=controller,
+        )  # fmt: skip
 
     return asyncio.run(with_cloud(cloud_lm, body, modes=modes, link=link))
 
@@ -83,6 +85,27 @@ def test_cloud_autoregressive_baseline_equals_cloud_greedy(tiny_lm, tiny_lm_b, p
     report, _ = run_mode(tiny_lm, tiny_lm_b, prompt, "ar", config)
     assert report.tokens == greedy(tiny_lm_b, prompt)
     assert report.mode == "ar" and report.cloud["tokens"] == N
+
+
+@pytest.mark.parametrize("served", [None, ["spec"]])
+def test_adaptive_eager_that_plans_cloud_ar_runs_the_ar_stream(tiny_lm, tiny_lm_b, prompt, served):
+    """A draft step slower than the cloud's AR step: the controller plans cloud AR, so the
+    generation is the plain AR stream (its time per token teaches the controller t_ar); a
+    cloud that serves no `ar` mode gets the eager pipeline instead. Same tokens either way."""
+    from tandem.protocols.spec.planner import Controller, Costs
+
+    prior = Costs(t_draft=1.0, decode_base=0.0, decode_per_token=0.1, rtt=0.0)
+    controller = Controller(prior=prior)
+    assert controller.plan(("ar", "eager")).method == "ar"
+    config = SpecConfig(pipeline="eager", temperature=0.0, max_new_tokens=N, stop_at_eos=False)
+    report, _ = run_mode(tiny_lm, tiny_lm_b, prompt, "spec", config, modes=served,
+                         controller=controller)  # fmt: skip
+    assert report.tokens == greedy(tiny_lm_b, prompt)
+    if served is None:
+        assert report.mode == "ar" and report.drafted == 0
+        assert controller.costs().t_ar == pytest.approx(report.summary()["tpot_ms"] / 1e3)
+    else:
+        assert report.mode == "spec"
 
 
 def test_device_only_baseline_equals_device_greedy(tiny_lm, prompt):
