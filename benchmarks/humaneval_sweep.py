@@ -9,7 +9,8 @@ Reads the result files (unchanged) and derives, per RTT:
 - the extended Eq. 9 (`tandem.protocols.spec.planner.throughput`) predicted decode rate of
   ar, async and eager from the costs measured in the same run: t_draft = the spec modes' mean
   drafting time per token, t_ar = cloud AR's mean time per token, the verification line
-  through t_ar and the mean verification time of a `draft_len` block, the RTT of the run,
+  through t_ar and the time of a `draft_len` block's pass (on the line fitted to the cloud's
+  passes where the file has them, else the mean pass of spec-async), the RTT of the run,
   and each mode's own pooled acceptance rate; `model_error` = predicted / measured - 1;
 - `epoch_model`: the epoch model's (`tandem.protocols.spec.epochs`, our pipelines' own rules)
   decode rate of async and eager, from the same run's draft step, RTT and the cloud's passes
@@ -72,6 +73,10 @@ def summarize(payload: dict[str, Any]) -> dict[str, Any]:
     spec_runs = [r for r in runs if r["mode"] in ("spec-async", "spec-eager") and r["drafted"]]
     t_draft = _mean([r["t_draft_token_ms"] for r in spec_runs])
     t_verify = _mean([r["t_verify_ms"] for r in runs if r["mode"] == "spec-async"])
+    verify_source = "mean verification pass of spec-async (passes of mixed sizes)"
+    if line := _pass_line(runs):  # a draft_len block's pass on the line fitted to the passes
+        t_verify = line[0] + line[1] * int(setup["draft_len"])
+        verify_source = "a draft_len block on the line fitted to the cloud's passes"
     t_ar = _mean([r["tpot_ms"] for r in runs if r["mode"] == "ar"])
     if t_draft and t_verify and t_ar:
         block = int(setup["draft_len"])
@@ -80,7 +85,7 @@ def summarize(payload: dict[str, Any]) -> dict[str, Any]:
             rtt=setup["rtt_ms"] / 1e3,
         )  # fmt: skip
         model = {"t_draft_ms": t_draft, "t_ar_ms": t_ar, "t_verify_block_ms": t_verify,
-                 "block": block, "per_mode": {}}  # fmt: skip
+                 "t_verify_source": verify_source, "block": block, "per_mode": {}}  # fmt: skip
         for mode, method in MODEL.items():
             if mode not in per_mode or not per_mode[mode]["decode_tok_s"]:
                 continue

@@ -86,7 +86,9 @@ def test_the_epoch_model_is_priced_on_the_pass_line_fitted_to_the_clouds_passes(
         if run_["mode"] in ("spec-async", "spec-eager"):  # passes on the line 90 + 80 n ms
             run_["cloud_passes"] = {"drafts": [1, 3, 4, 4], "verify_ms": [170, 330, 410, 410],
                                     "ar_step_ms": []}  # fmt: skip
-    check = summarize(data)["epoch_model"]
+    record = summarize(data)
+    check = record["epoch_model"]
+    assert record["eq9"]["t_verify_block_ms"] == pytest.approx(90 + 80 * 4)  # not the mean
     assert check["pass_ms"] == pytest.approx({"no_drafts": 90.0, "per_draft": 80.0})
     costs = Costs(t_draft=0.05, decode_base=0.01, decode_per_token=0.08, rtt=0.1)
     for mode, pipeline in (("spec-async", "async"), ("spec-eager", "eager")):
