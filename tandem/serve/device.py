@@ -73,9 +73,9 @@ async def run_generation(
 def plans_cloud_ar(controller: Controller | None, config: SpecConfig) -> bool:
     """Adaptive eager: the controller's plan before the generation is cloud AR. Then the
     generation runs as the plain cloud AR stream (no draft-model prefill, no eager loop: the
-    same tokens, ~3% faster per token and ~4% sooner at the first, measured on HumanEval) and
-    its time per token updates the controller's t_ar; nothing else changes, as before, when
-    the eager pipeline ran without drafting."""
+    target's law as before, ~3% faster per token and ~4% sooner at the first, measured on
+    HumanEval) and its time per token updates the controller's t_ar, as the eager pipeline's
+    AR steps did when it ran without drafting."""
     return (
         controller is not None
         and config.pipeline == "eager"
