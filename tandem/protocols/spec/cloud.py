@@ -104,7 +104,8 @@ class CloudSession:
             "drafts_accepted": 0,
             "tokens": 0,
             "ar_tokens": 0,  # eager: tokens committed by AR steps
-            "ar_step_s": [],
+            "ar_step_s": [],  # eager: AR steps that ran a forward pass
+            "free_ar_steps": 0,  # eager: AR steps whose row a verification had computed
             "cancelled_ar_steps": 0,
             "skipped_drafts": 0,  # eager: drafts matching tokens already committed
         }
@@ -198,9 +199,13 @@ class CloudSession:
         if token is None:
             return
         step_s = time.perf_counter() - start
-        self.verifier.note_pass(1, step_s)
+        if self.verifier.last_step_free:  # no forward pass: its time says nothing of t_ar
+            step_s = 0.0
+            self.stats["free_ar_steps"] += 1
+        else:
+            self.verifier.note_pass(1, step_s)
+            self.stats["ar_step_s"].append(step_s)
         self.stats["ar_tokens"] += 1
-        self.stats["ar_step_s"].append(step_s)
         self._count_tokens(self.verifier.frontier)
         await self.channel.send(wire.token_message(self.verifier.frontier - 1, token, step_s))
 

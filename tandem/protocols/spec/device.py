@@ -218,7 +218,7 @@ class DeviceSession:
             if self.controller is not None:
                 self.controller.observe_verify(self._chunks.pop(seq, 1), fields["verify_s"])
                 self.controller.observe_network(max(0.0, latency - fields["verify_s"]))
-        elif self.controller is not None:
+        elif self.controller is not None and fields["step_s"] > 0:  # 0: a free step
             self.controller.observe_ar(fields["step_s"])
         if self.controller is not None:
             self.controller.observe_drafts(outcome.num_accepted, int(outcome.rejected))

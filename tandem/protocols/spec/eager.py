@@ -78,6 +78,7 @@ class EagerVerifier(Verifier):
         self.chain_epoch = 0
         self.chain_dead = False
         self.ar_steps = 0  # tokens committed by AR steps
+        self.last_step_free = False  # the last AR step ran no forward pass (its row was there)
         self.skipped = 0  # drafts skipped by the content check
         self._ar_s: list[float] = []  # recent AR step times
         self._per_token_s: list[float] = []  # recent verify passes' cost per extra token
@@ -93,7 +94,9 @@ class EagerVerifier(Verifier):
         row is already there; preemptible through `cancel`, nothing changes if cancelled)."""
         if self.done:
             return None
+        passes = self.ctx.forward_passes
         row = self.ctx.logits(cancel=self.cancel)[-1]  # [vocab]
+        self.last_step_free = self.ctx.forward_passes == passes  # the row was already there
         target_probs = warp(row, **self.config.sampling())
         token = sample_at(target_probs, self.config.seed, "verify", self.frontier)
         self.committed.append(token)

@@ -20,7 +20,8 @@ the mapping).
     stats (cloud -> device)        Stats: body = cloud measurements
     cloud AR token                 TargetToken: position, token (baseline "ar"; pipeline
                                    eager: a token the cloud committed on its own, arrays:
-                                   step_s = float64 [1], its forward pass time)
+                                   step_s = float64 [1], its forward pass time; 0 when
+                                   it needed none: the free step after a full acceptance)
     eager verdict                  VerifyResult as above, arrays also tokens = int64 [n]: every
                                    token it commits (accepted drafts, then the residual)
     failure                        Error, code "spec"

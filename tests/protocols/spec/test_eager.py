@@ -95,6 +95,28 @@ def test_a_rejection_kills_the_chain_and_the_next_ar_step_feeds_the_residual():
     assert result.rejected and result.num_accepted == 1 and result.next_token == truth[1]
     assert verifier.chain_dead and verifier.committed == truth[:2]
     assert verifier.ar_step() == truth[2]  # decodes on from the residual
+    assert not verifier.last_step_free  # the residual had to be fed: a forward pass
+
+
+def test_the_ar_step_after_a_fully_accepted_pass_is_free_and_says_so():
+    """Its row came with the verification: no forward pass, so its time must not teach anyone
+    the AR step's cost (the cloud sends step_s = 0 and notes no pass)."""
+    target = TableLM(8, "t")
+    verifier = EagerVerifier(target, PROMPT, eager_config(), eos_id=None)
+    verifier.prefill()
+    truth = table_greedy(target, PROMPT, 5)
+    assert verifier.ar_step() == truth[0] and verifier.last_step_free  # the prefill's row
+    assert verifier.ar_step() == truth[1] and not verifier.last_step_free
+    rows = torch.zeros(2, 8)
+    rows[0, truth[2]] = rows[1, truth[3]] = 1.0
+    plan = verifier.admit(Request(seq=1, epoch=0, position=2, fixed=(), drafts=tuple(truth[2:4]),
+                                  draft_rows=rows, final=False)).verify  # fmt: skip
+    result = verifier.verify(plan)
+    assert result.num_accepted == 2 and not result.rejected
+    passes = verifier.ctx.forward_passes
+    assert verifier.ar_step() == truth[4] and verifier.last_step_free
+    assert verifier.ctx.forward_passes == passes
+    assert verifier.ar_step() is not None and not verifier.last_step_free
 
 
 def test_adopt_keeps_matching_drafts_and_restarts_after_a_mismatch():
