@@ -74,7 +74,8 @@ def summarize(payload: dict[str, Any]) -> dict[str, Any]:
     t_draft = _mean([r["t_draft_token_ms"] for r in spec_runs])
     t_verify = _mean([r["t_verify_ms"] for r in runs if r["mode"] == "spec-async"])
     verify_source = "mean verification pass of spec-async (passes of mixed sizes)"
-    if line := _pass_line(runs):  # a draft_len block's pass on the line fitted to the passes
+    line = _pass_line(runs)
+    if line:  # a draft_len block's pass on the line fitted to the passes
         t_verify = line[0] + line[1] * int(setup["draft_len"])
         verify_source = "a draft_len block on the line fitted to the cloud's passes"
     t_ar = _mean([r["tpot_ms"] for r in runs if r["mode"] == "ar"])
@@ -97,7 +98,7 @@ def summarize(payload: dict[str, Any]) -> dict[str, Any]:
                 "measured_decode_tok_s": measured, "model_error": predicted / measured - 1.0,
             }  # fmt: skip
         record["eq9"] = model
-    if epoch := _epoch_check(setup, runs, per_mode, t_draft):
+    if epoch := _epoch_check(setup, line, per_mode, t_draft):
         record["epoch_model"] = epoch
     return record
 
@@ -113,21 +114,16 @@ def _pass_line(runs: list[dict]) -> tuple[float, float] | None:
             points += zip(passes["drafts"], passes["verify_ms"], strict=True)
     if len({n for n, _ in points}) < 2:
         return None
-    mean_n = statistics.fmean(n for n, _ in points)
-    mean_ms = statistics.fmean(ms for _, ms in points)
-    slope = sum((n - mean_n) * (ms - mean_ms) for n, ms in points) / sum(
-        (n - mean_n) ** 2 for n, _ in points
-    )
-    return mean_ms - slope * mean_n, slope
+    slope, intercept = statistics.linear_regression(*zip(*points, strict=True))
+    return intercept, slope
 
 
-def _epoch_check(setup, runs, per_mode, t_draft) -> dict[str, Any] | None:
+def _epoch_check(setup, line, per_mode, t_draft) -> dict[str, Any] | None:
     """The epoch model's (tandem.protocols.spec.epochs) decode rate of async and eager from
     the pass line, the draft step and the RTT of this run, against the measured one."""
     from tandem.protocols.spec import epochs
     from tandem.protocols.spec.planner import Costs
 
-    line = _pass_line(runs)
     if line is None or not t_draft:
         return None
     base_ms, per_ms = line

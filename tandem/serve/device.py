@@ -58,9 +58,8 @@ async def run_generation(
             )
         except ModeNotServed:
             if mode == "ar":
-                raise
-            report = None  # this cloud streams AR only inside the eager pipeline: run that
-        if report is not None:
+                raise  # else this cloud streams AR only inside the eager pipeline: run that
+        else:
             if mode == "spec" and (tpot := report.summary()["tpot_ms"]):
                 controller.observe_ar(tpot / 1e3)
             return report

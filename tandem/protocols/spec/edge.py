@@ -90,10 +90,8 @@ class EdgeMachine:
     def boundary(self, drafter) -> int:
         """Tokens drafted in this epoch at which the current chunk is due."""
         sent = drafter.frontier + drafter.sent - self.epoch_start
-        gamma, first = self.gamma, min(self.config.first_chunk, self.gamma)
-        if self.config.fast_verify and sent < first:
-            return first
-        return (sent // gamma + 1) * gamma
+        first = self.config.first_chunk if self.config.fast_verify else self.gamma
+        return chunk_boundary(sent, self.gamma, first)
 
     def chunk_due(self, drafter) -> bool:
         if drafter.unsent == 0:
@@ -118,8 +116,20 @@ class EdgeMachine:
         what the device drafts during one request's round trip (RTT + T_verify), measured;
         between 2 and 8 blocks (PicoSpec's consecutive pre-drafts). A configured
         `lookahead_blocks` wins."""
-        gamma = self.gamma
         if self.config.lookahead_blocks or not self.latency_ema or not self.step_ema:
             return self.config.lookahead
-        blocks = math.ceil(self.latency_ema / (self.step_ema * gamma)) + 1
-        return min(8, max(2, blocks)) * gamma
+        return auto_lookahead(self.latency_ema, self.step_ema, self.gamma)
+
+
+def chunk_boundary(sent: int, gamma: int, first: int) -> int:
+    """Drafts of an epoch at which its next chunk is due, `sent` drafts being out: the first
+    chunk holds `first` (fast verification), later ones end on multiples of gamma."""
+    first = min(first, gamma)
+    return first if sent < first else (sent // gamma + 1) * gamma
+
+
+def auto_lookahead(latency: float, step: float, gamma: int) -> int:
+    """Drafts held ahead of the verified frontier: a block plus what one draft `step` makes
+    during a request's `latency` (RTT + T_verify), between 2 and 8 blocks."""
+    blocks = math.ceil(latency / (step * gamma)) + 1
+    return min(8, max(2, blocks)) * gamma

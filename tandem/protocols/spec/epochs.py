@@ -38,6 +38,7 @@ from __future__ import annotations
 import heapq
 import math
 
+from tandem.protocols.spec.edge import auto_lookahead, chunk_boundary
 from tandem.protocols.spec.planner import Costs
 
 HORIZON = 2048  # most positions priced in one epoch
@@ -45,10 +46,9 @@ TAIL = 1e-6  # the horizon stops where alpha^p falls below this
 
 
 def lookahead(gamma: int, costs: Costs) -> int:
-    """device.py's auto lookahead, from the model's own latency (RTT + a block's pass)."""
+    """The device's auto lookahead, from the model's own latency (RTT + a block's pass)."""
     latency = costs.rtt + costs.t_ar + costs.decode_per_token * gamma
-    blocks = math.ceil(latency / (costs.t_draft * gamma)) + 1
-    return min(8, max(2, blocks)) * gamma
+    return auto_lookahead(latency, costs.t_draft, gamma)
 
 
 def commit_times(
@@ -65,7 +65,7 @@ def commit_times(
         raise ValueError(f"no epoch model for pipeline {pipeline!r}")
     c, h = costs, costs.rtt / 2
     ahead = lookahead_drafts or lookahead(gamma, c)
-    first = min(c.first_chunk, gamma)
+    first = c.first_chunk
     fixed_part = c.t_ar - c.decode_per_token  # eager preempts a step younger than this
     commit: list[float] = [0.0] * (positions + 1)  # commit[0]: the epoch's first token
     known = 0  # the device's view of the committed frontier
@@ -86,7 +86,7 @@ def commit_times(
         heapq.heappush(events, (time, order, kind, value))
 
     def boundary() -> int:
-        return first if sent < first else (sent // gamma + 1) * gamma
+        return chunk_boundary(sent, gamma, first)
 
     def send(now: float, end: int) -> None:
         nonlocal sent, chunk_started
