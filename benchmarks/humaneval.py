@@ -402,6 +402,14 @@ def _margins(divergences, runs, ids, cloud_model, console) -> None:
 
     console.log(f"{len(divergences)} divergence(s) from ar: loading {cloud_model} for margins")
     target = load_model(cloud_model, progress=False)
+    measure_margins(divergences, runs, ids, target)
+    del target
+
+
+def measure_margins(divergences, runs, ids, target) -> None:
+    """Add each divergence's `target_top2_margin` and `target_ar_minus_mode_logit` (module
+    docstring, *margin*); `ids`: problem -> prompt token ids; `target`: the loaded cloud model.
+    Also used by humaneval-sweep on saved results."""
     ar = {r["problem"]: r["tokens"] for r in runs if r["mode"] == "ar"}
     for d in divergences:
         if d["ar_token"] is None or d["mode_token"] is None:
@@ -411,7 +419,6 @@ def _margins(divergences, runs, ids, cloud_model, console) -> None:
         top = logits.topk(2).values
         d["target_top2_margin"] = float(top[0] - top[1])
         d["target_ar_minus_mode_logit"] = float(logits[d["ar_token"]] - logits[d["mode_token"]])
-    del target
 
 
 def _agreement(lm, runs, ids) -> dict:

@@ -15,7 +15,11 @@ Reads the result files (unchanged) and derives, per RTT:
 - `epoch_model`: the epoch model's (`tandem.protocols.spec.epochs`, our pipelines' own rules)
   decode rate of async and eager, from the same run's draft step, RTT and the cloud's passes
   (a line fitted to each pass's drafts and time, `cloud_passes`; result files recorded before
-  the bench kept them have no such check).
+  the bench kept them have no such check);
+- `exactness`: per exact mode, whether its pass@1 equals cloud AR's and in how many problems
+  its tokens or completions leave AR's; `divergences`: where (the run's own records). With
+  `--margins` the sweep loads the cloud model and adds the target's logit margins at each
+  divergence the run did not measure (`humaneval.measure_margins`; runs with `--no-margins`).
 """
 
 from __future__ import annotations
@@ -100,7 +104,33 @@ def summarize(payload: dict[str, Any]) -> dict[str, Any]:
         record["eq9"] = model
     if epoch := _epoch_check(setup, line, per_mode, t_draft):
         record["epoch_model"] = epoch
+    exactness = payload.get("exactness") or {}
+    record["exactness"] = exactness.get("per_mode")
+    record["divergences"] = [dict(d) for d in exactness.get("divergences", [])]
     return record
+
+
+def _add_margins(records: list[dict], payloads: list[dict]) -> None:
+    """The target's margins at every divergence without one (module doc), one model load."""
+    from benchmarks import humaneval_tasks as tasks
+    from benchmarks.humaneval import measure_margins
+    from tandem.models.registry import load_model
+
+    todo = [(r, p) for r, p in zip(records, payloads, strict=True)
+            if any("target_top2_margin" not in d for d in r["divergences"])]  # fmt: skip
+    if not todo:
+        return
+    names = {p["setup"]["cloud_model"] for _, p in todo}
+    if len(names) > 1:
+        raise TandemError(f"--margins needs one cloud model; the files name {sorted(names)}")
+    target = load_model(names.pop(), progress=False)
+    prompts = {p["task_id"]: p["prompt"] for p in tasks.load_problems()}
+    for record, payload in todo:
+        ids = {t: target.tokenizer.encode(prompts[t]) for t in payload["setup"]["problems"]}
+        missing = [d for d in record["divergences"] if "target_top2_margin" not in d]
+        measure_margins(missing, payload["runs"], ids, target)
+        for d in missing:
+            d["margin_source"] = "humaneval-sweep --margins (after the run)"
 
 
 def _pass_line(runs: list[dict]) -> tuple[float, float] | None:
@@ -145,18 +175,23 @@ def _epoch_check(setup, line, per_mode, t_draft) -> dict[str, Any] | None:
     return check
 
 
-def run(paths: list[Path], *, out: Path, name: str = "humaneval_sweep") -> dict[str, Any]:
+def run(
+    paths: list[Path], *, out: Path, name: str = "humaneval_sweep", margins: bool = False
+) -> dict[str, Any]:
     if not paths:
         raise TandemError("give one or more `tandem bench humaneval` result files")
-    records, sources = [], []
+    records, sources, payloads = [], [], []
     for path in paths:
         try:
             payload = json.loads(Path(path).read_text())
             records.append(summarize(payload))
         except (OSError, ValueError, KeyError) as exc:
             raise TandemError(f"{path}: not a humaneval result ({exc})") from None
+        payloads.append(payload)
         sources.append({"file": str(path), "environment": payload.get("environment"),
                         "machines": payload.get("machines")})  # fmt: skip
+    if margins:
+        _add_margins(records, payloads)
     records.sort(key=lambda r: r["rtt_ms"])
     result = {"benchmark": name, "sources": sources, "per_rtt": records}
     json_path = save_json(out, name, result)
@@ -166,6 +201,14 @@ def run(paths: list[Path], *, out: Path, name: str = "humaneval_sweep") -> dict[
         ratio = r.get("adaptive_vs_best_fixed")
         best = f"; adaptive / best fixed ({r.get('best_fixed')}) = {ratio:.3f}" if ratio else ""
         print(f"RTT {r['rtt_ms']:g} ms: {modes} tok/s{best}")
+        for mode, e in (r["exactness"] or {}).items():
+            margins = [f"{d['target_top2_margin']:.3f}" for d in r["divergences"]
+                       if d["mode"] == mode and "target_top2_margin" in d]  # fmt: skip
+            print(
+                f"  {mode}: pass@1 {'=' if e.get('pass_at_1_equal_ar') else '!='} ar's; "
+                f"tokens leave ar's in {e.get('problems_differing_tokens', '?')} problem(s)"
+                + (f" (target top-2 margins {', '.join(margins)})" if margins else "")
+            )
     print(f"saved {json_path}")
     return result
 

@@ -52,9 +52,15 @@ def humaneval_sweep(
     files: list[Path] = typer.Argument(..., help="`tandem bench humaneval` result files."),
     name: str = typer.Option("humaneval_sweep", "--name", help="Result file name."),
     out: Path = typer.Option(RESULTS, "--out", help="Folder for JSON and PNG."),
+    margins: bool = typer.Option(
+        False,
+        "--margins",
+        help="Load the cloud model: the target's logit margins at every "
+        "departure from cloud AR that a run did not measure (runs with --no-margins).",
+    ),
 ) -> None:
     """One table over humaneval runs at several RTTs: ratios, adaptive vs the best fixed mode,
-    the extended Eq. 9 prediction vs the measured decode rate."""
+    the extended Eq. 9 prediction vs the measured decode rate, departures from cloud AR."""
     from benchmarks.humaneval_sweep import run
 
-    run(files, out=out, name=name)
+    run(files, out=out, name=name, margins=margins)

@@ -13,10 +13,10 @@ from benchmarks import RESULTS
 def spec_paper(
     rtt: list[float] = typer.Option([100, 200], "--rtt", help="Round-trip times (ms)."),
     sweep: list[float] = typer.Option(
-        [0.7, 0.8], "--sweep", help="Agreement of the iid traces run beside HumanEval's."
+        [0.7, 0.75, 0.8], "--sweep", help="Agreement of the random traces run beside HumanEval's."
     ),
     problems: int = typer.Option(None, "--problems", help="HumanEval traces to use (default all)."),
-    sweep_problems: int = typer.Option(2, "--sweep-problems", min=1),
+    sweep_problems: int = typer.Option(4, "--sweep-problems", min=1),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n", min=1),
     humaneval: Path = typer.Option(
         RESULTS / "humaneval.json", "--traces", help="tandem bench humaneval's JSON."

@@ -6,8 +6,16 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
-from benchmarks.spec_paper import METHODS, TraceDraftLM, load_traces, paper_target, run
+from benchmarks.spec_paper import (
+    METHODS,
+    TraceDraftLM,
+    exact_draw,
+    load_traces,
+    paper_target,
+    run,
+)
 
 
 def test_trace_draft_agrees_with_the_target_exactly_where_the_trace_says():
@@ -27,8 +35,17 @@ def test_traces_come_from_the_humaneval_json_and_the_sweep(tmp_path):
     path.write_text(json.dumps({"draft_agreement_teacher_forced": {"a": [1, 0, 1], "b": [1]}}))
     traces = load_traces(path, (0.5,), 3)
     assert traces["humaneval"] == [[1, 0, 1], [1]]
-    assert len(traces["iid-0.5"]) == 3 and all(len(t) == 128 for t in traces["iid-0.5"])
+    assert len(traces["random-0.5"]) == 3 and all(len(t) == 128 for t in traces["random-0.5"])
+    assert all(sum(t) == 64 for t in traces["random-0.5"])  # exactly the agreement asked for
+    assert len({tuple(t) for t in traces["random-0.5"]}) == 3  # at different places
     assert "humaneval" not in load_traces(tmp_path / "missing.json", (0.5,), 1)
+
+
+def test_exact_draws_agree_at_every_position_with_the_asked_probability():
+    generator = torch.Generator().manual_seed(0)
+    draws = torch.tensor([exact_draw(0.75, generator, length=8) for _ in range(4000)])
+    assert (draws.sum(1) == 6).all()
+    assert torch.allclose(draws.float().mean(0), torch.full((8,), 0.75), atol=0.03)
 
 
 def test_tiny_run_writes_every_method_with_ratios(tmp_path):

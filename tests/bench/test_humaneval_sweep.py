@@ -97,3 +97,37 @@ def test_the_epoch_model_is_priced_on_the_pass_line_fitted_to_the_clouds_passes(
         assert got["model_error"] == pytest.approx(
             got["predicted_decode_tok_s"] / got["measured_decode_tok_s"] - 1
         )
+
+
+def test_departures_from_ar_are_carried_and_margins_measured_where_the_run_had_none(tmp_path):
+    from benchmarks import humaneval_tasks as tasks
+    from tandem.models.registry import load_model
+
+    data = payload()
+    data["setup"].update(cloud_model="tiny-qwen2", problems=["HumanEval/0"])
+    data["runs"] = [r for r in data["runs"] if r["mode"] != "ar"]  # one AR run, as recorded
+    data["runs"].append({"mode": "ar", "problem": "HumanEval/0", "tokens": [5, 6, 7, 8],
+                         "tpot_ms": 100.0, "drafted": 0, "t_draft_token_ms": 0.0,
+                         "t_verify_ms": 0.0})  # fmt: skip
+    measured = {"mode": "spec-eager", "problem": "HumanEval/0", "position": 1, "ar_token": 6,
+                "mode_token": 9, "target_top2_margin": 0.5}  # fmt: skip
+    unmeasured = {**measured, "position": 2, "ar_token": 7}
+    del unmeasured["target_top2_margin"]
+    data["exactness"] = {"per_mode": {"spec-eager": {"pass_at_1_equal_ar": False}},
+                         "divergences": [measured, unmeasured]}  # fmt: skip
+    path = tmp_path / "h.json"
+    path.write_text(json.dumps(data))
+    plain = run([path], out=tmp_path, name="plain")["per_rtt"][0]
+    assert plain["exactness"] == {"spec-eager": {"pass_at_1_equal_ar": False}}
+    assert "target_top2_margin" not in plain["divergences"][1]
+    swept = run([path], out=tmp_path, name="m", margins=True)["per_rtt"][0]["divergences"]
+    assert swept[0] == measured  # the run's own margin is kept as it was
+    target = load_model("tiny-qwen2")
+    prompt = next(p["prompt"] for p in tasks.load_problems() if p["task_id"] == "HumanEval/0")
+    logits = target.prefill(target.tokenizer.encode(prompt) + [5, 6]).logits[0]
+    top = logits.topk(2).values
+    assert swept[1]["target_top2_margin"] == pytest.approx(float(top[0] - top[1]), abs=1e-4)
+    assert swept[1]["target_ar_minus_mode_logit"] == pytest.approx(
+        float(logits[7] - logits[9]), abs=1e-4
+    )
+    assert json.loads(path.read_text()) == data  # the result file is never edited
