@@ -202,12 +202,12 @@ def run(
         best = f"; adaptive / best fixed ({r.get('best_fixed')}) = {ratio:.3f}" if ratio else ""
         print(f"RTT {r['rtt_ms']:g} ms: {modes} tok/s{best}")
         for mode, e in (r["exactness"] or {}).items():
-            margins = [f"{d['target_top2_margin']:.3f}" for d in r["divergences"]
-                       if d["mode"] == mode and "target_top2_margin" in d]  # fmt: skip
+            gaps = [f"{d['target_top2_margin']:.3f}" for d in r["divergences"]
+                    if d["mode"] == mode and "target_top2_margin" in d]  # fmt: skip
             print(
                 f"  {mode}: pass@1 {'=' if e.get('pass_at_1_equal_ar') else '!='} ar's; "
                 f"tokens leave ar's in {e.get('problems_differing_tokens', '?')} problem(s)"
-                + (f" (target top-2 margins {', '.join(margins)})" if margins else "")
+                + (f" (target top-2 margins {', '.join(gaps)})" if gaps else "")
             )
     print(f"saved {json_path}")
     return result
