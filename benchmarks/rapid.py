@@ -20,6 +20,7 @@ sweep context with relevant retrieval and with *unrelated* retrieval (another ta
 from __future__ import annotations
 
 import gc
+import math
 import statistics
 from dataclasses import replace
 from pathlib import Path
@@ -254,6 +255,45 @@ def aggregate(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> list[dict[st
 
 
 TV_KEYS = ("tv_paper_p", "tv_paper_p_hat", "tv_p_hat_p")
+
+
+def sign_test_p(better: int, worse: int) -> float:
+    """Two-sided exact sign test: the probability, with ties dropped and each untied task
+    equally likely to go either way, of a split at least as uneven as better : worse."""
+    n = better + worse
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, k) for k in range(min(better, worse) + 1)) / 2**n
+    return min(1.0, 2 * tail)
+
+
+def paired_quality(rows: list[dict[str, Any]], group: str) -> dict[tuple, dict[str, Any]]:
+    """Per (group value, method): each task's quality minus LC's on the same task. Counts of
+    tasks better / worse / tied, the mean difference with a 95% interval (normal
+    approximation over tasks) and the sign test's p-value: whether "quality >= LC's" can be
+    told apart from noise on this task set."""
+    lc = {(r[group], r["task"]): r["quality"] for r in rows if r["method"] == "lc"}
+    deltas: dict[tuple, list[float]] = {}
+    for r in rows:
+        if r["method"] != "lc" and (r[group], r["task"]) in lc:
+            deltas.setdefault((r[group], r["method"]), []).append(
+                r["quality"] - lc[r[group], r["task"]]
+            )
+    out = {}
+    for key, ds in deltas.items():
+        better, worse = sum(d > 1e-9 for d in ds), sum(d < -1e-9 for d in ds)
+        mean = statistics.mean(ds)
+        half = 1.96 * statistics.stdev(ds) / math.sqrt(len(ds)) if len(ds) > 1 else math.inf
+        out[key] = {
+            "tasks": len(ds),
+            "better": better,
+            "worse": worse,
+            "tied": len(ds) - better - worse,
+            "mean_delta": mean,
+            "ci95": [mean - half, mean + half],
+            "sign_test_p": sign_test_p(better, worse),
+        }
+    return out
 
 
 def add_ratios(summary: list[dict[str, Any]], group: str) -> None:
@@ -561,6 +601,10 @@ def run(
         row["context"] = _bucket(row["context_tokens"], contexts)
     summary = aggregate(rows, ("context", "method"))
     add_ratios(summary, "context")
+    paired = paired_quality(rows, "context")
+    for s in summary:
+        if (s["context"], s["method"]) in paired:
+            s["quality_vs_lc"] = paired[s["context"], s["method"]]
     model_fit = cost_model(costs, summary, gamma=gamma) if "rapid-exact" in methods else {}
     sweep = aggregate(sweep_rows, ("retrieval", "method", "eta")) if sweep_rows else []
     swept = {r["task"] for r in sweep_rows}  # compare with LC on the same (swept) tasks
@@ -654,13 +698,15 @@ def _fmt(value, spec: str) -> str:
 
 
 def _print(console: Console, summary, sweep, prefills=None, model_fit=None) -> None:
-    table = Table("context", "method", "tasks", "quality", "Δ vs LC", "tok/s", "speedup",
-                  "speedup (all)", "e2e speedup", "acceptance", "tok/round",
+    table = Table("context", "method", "tasks", "quality", "Δ vs LC", "tasks +/-/= (p)",
+                  "tok/s", "speedup", "speedup (all)", "e2e speedup", "acceptance", "tok/round",
                   title="RAPID vs baselines (speedup: decode throughput / LC's, quote tasks)")  # fmt: skip
     for s in sorted(summary, key=lambda s: (s["context"], METHODS.index(s["method"]))):
+        q = s.get("quality_vs_lc")
+        split = f"{q['better']}/{q['worse']}/{q['tied']} ({q['sign_test_p']:.2f})" if q else "-"
         table.add_row(
             str(s["context"]), s["method"], str(s["tasks"]), _fmt(s["quality"], ".3f"),
-            _fmt(s.get("delta_quality"), "+.3f"), _fmt(s["tokens_per_s"], ".2f"),
+            _fmt(s.get("delta_quality"), "+.3f"), split, _fmt(s["tokens_per_s"], ".2f"),
             _fmt(s.get("speedup"), ".2f"), _fmt(s.get("speedup_all"), ".2f"),
             _fmt(s.get("e2e_speedup"), ".2f"), _fmt(s["acceptance"], ".2f"),
             _fmt(s["tokens_per_round"], ".2f"),

@@ -12,7 +12,9 @@ from benchmarks.rapid import (
     MemoEmbedder,
     _common_prefix,
     cost_model,
+    paired_quality,
     run,
+    sign_test_p,
     tokens_per_round,
 )
 from tandem.errors import TandemError
@@ -87,6 +89,10 @@ def test_bench_runs_on_shared_contexts_and_reuses_the_saved_prefill(tmp_path):
     assert first["cost_model"]["per_context"][0]["context"] == 900
     saved = json.loads((tmp_path / "rapid.json").read_text())
     assert saved["summary"] and (tmp_path / "rapid.png").is_file()
+    for s in saved["summary"]:  # each method's paired comparison with LC, task by task
+        q = s.get("quality_vs_lc")
+        assert (q is None) == (s["method"] == "lc")
+        assert q is None or q["better"] + q["worse"] + q["tied"] == q["tasks"] == s["tasks"]
     second = run(**kw, methods=("lc", "rapid-exact"), name="again")
     assert second["prefill"][900]["loaded_from_cache"] is True
     assert second["prefill"][900]["prefill_s"] == pytest.approx(first["prefill"][900]["prefill_s"])
@@ -102,3 +108,31 @@ def test_bench_rejects_unknown_methods_and_a_run_without_lc(tmp_path):
         run(model="tiny-qwen2", methods=("lc", "magic"), out=tmp_path)
     with pytest.raises(TandemError, match="lc method"):
         run(model="tiny-qwen2", methods=("rapid-exact",), out=tmp_path)
+
+
+def test_sign_test_matches_the_binomial_tails():
+    assert sign_test_p(0, 0) == 1.0
+    assert sign_test_p(3, 3) == 1.0
+    assert sign_test_p(5, 0) == pytest.approx(2 / 32)  # both 5:0 and 0:5
+    assert sign_test_p(1, 9) == pytest.approx(2 * 11 / 1024)  # P(<= 1 of 10) both sides
+    assert sign_test_p(8, 2) == sign_test_p(2, 8)
+
+
+def test_paired_quality_compares_each_task_with_lc_on_the_same_task():
+    rows = [
+        {"context": c, "task": t, "method": m, "quality": q}
+        for c, t, m, q in [
+            (1, "a", "lc", 0.5), (1, "b", "lc", 0.0), (1, "c", "lc", 1.0),
+            (1, "a", "x", 0.7), (1, "b", "x", 0.0), (1, "c", "x", 0.4),
+            (2, "a", "lc", 0.0), (2, "a", "x", 1.0),
+        ]
+    ]  # fmt: skip
+    out = paired_quality(rows, "context")
+    one = out[1, "x"]
+    assert (one["tasks"], one["better"], one["worse"], one["tied"]) == (3, 1, 1, 1)
+    assert one["mean_delta"] == pytest.approx((0.2 + 0.0 - 0.6) / 3)
+    half = 1.96 * np.std([0.2, 0.0, -0.6], ddof=1) / np.sqrt(3)
+    assert one["ci95"] == pytest.approx([one["mean_delta"] - half, one["mean_delta"] + half])
+    assert one["sign_test_p"] == 1.0
+    assert out[2, "x"]["better"] == 1 and out[2, "x"]["ci95"][1] == float("inf")
+    assert (1, "lc") not in out
