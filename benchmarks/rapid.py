@@ -148,13 +148,12 @@ def run_task(
     prefix=None,
     methods: tuple[str, ...] = METHODS,
     short_lm=None,
+    seeds: tuple[int, ...] = (0,),
 ):
-    """The `methods` on one task; returns rows and the prepared prompts (for the sweep).
-    `prefix`: the shared long context's prefill (the task's prompt continues it). `short_lm`:
-    the target model's own instance for the short prompts (module doc of `run`)."""
-    from tandem.baselines.rapid_baselines import lc, sd, streaming_sd
-    from tandem.protocols.rapid.engine import rapid
-
+    """The `methods` on one task, once per seed (the prompts are prepared once); returns rows
+    and the prepared prompts (for the sweep). `prefix`: the shared long context's prefill (the
+    task's prompt continues it). `short_lm`: the target model's own instance for the short
+    prompts (module doc of `run`)."""
     retrieved, target, rag_target, drafter = _prepare(
         task, target_lm, drafter_lm, embedder, retrieval, prefix, short_lm
     )
@@ -165,7 +164,23 @@ def run_task(
         "needle_retrieved": needle_hit,
         "tail_prefill_s": target.tail_s,
     }
-    retrieve_s = retrieved.retrieve_s
+    rows = []
+    for seed in seeds:
+        rows += _run_methods(
+            task, replace(config, seed=seed), target, rag_target, drafter, drafter_lm,
+            target_lm, short_lm, retrieved.retrieve_s, methods, window=window, eta=eta,
+            common={**common, "seed": seed},
+        )  # fmt: skip
+    return rows, (retrieved, target, drafter)
+
+
+def _run_methods(
+    task, config, target, rag_target, drafter, drafter_lm, target_lm, short_lm, retrieve_s,
+    methods, *, window: int, eta: float, common: dict[str, Any],
+) -> list[dict[str, Any]]:  # fmt: skip
+    from tandem.baselines.rapid_baselines import lc, sd, streaming_sd
+    from tandem.protocols.rapid.engine import rapid
+
     rows = []
     if "lc" in methods:
         rows.append(_row("lc", task, lc(target, config), **common))
@@ -192,7 +207,7 @@ def run_task(
         if f"rapid-{mode}" in methods:
             result = rapid(target, drafter, replace(config, mode=mode, eta=eta))
             rows.append(_row(f"rapid-{mode}", task, _plus(result, retrieve_s), **common, eta=eta))
-    return rows, (retrieved, target, drafter)
+    return rows
 
 
 def sweep_task(task, prepared, unrelated_text, drafter_lm, config, etas, modes):
@@ -240,7 +255,8 @@ def aggregate(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> list[dict[st
         out.append(
             {
                 **dict(zip(keys, key, strict=True)),
-                "tasks": len(members),
+                "tasks": len({r["task"] for r in members}),
+                "samples": len(members),  # tasks x seeds
                 "quality": statistics.mean(r["quality"] for r in members),
                 "tokens_per_s": _throughput(long),
                 "tokens_per_s_all": _throughput(members),
@@ -268,19 +284,23 @@ def sign_test_p(better: int, worse: int) -> float:
 
 
 def paired_quality(rows: list[dict[str, Any]], group: str) -> dict[tuple, dict[str, Any]]:
-    """Per (group value, method): each task's quality minus LC's on the same task. Counts of
-    tasks better / worse / tied, the mean difference with a 95% interval (normal
+    """Per (group value, method): each task's quality minus LC's on the same task and seed,
+    averaged over the seeds (the task is the unit: its seeds are not independent tasks).
+    Counts of tasks better / worse / tied, the mean difference with a 95% interval (normal
     approximation over tasks) and the sign test's p-value: whether "quality >= LC's" can be
     told apart from noise on this task set."""
-    lc = {(r[group], r["task"]): r["quality"] for r in rows if r["method"] == "lc"}
-    deltas: dict[tuple, list[float]] = {}
+    lc = {
+        (r[group], r["task"], r.get("seed", 0)): r["quality"] for r in rows if r["method"] == "lc"
+    }
+    per_task: dict[tuple, dict[str, list[float]]] = {}
     for r in rows:
-        if r["method"] != "lc" and (r[group], r["task"]) in lc:
-            deltas.setdefault((r[group], r["method"]), []).append(
-                r["quality"] - lc[r[group], r["task"]]
-            )
+        key = (r[group], r["task"], r.get("seed", 0))
+        if r["method"] != "lc" and key in lc:
+            tasks = per_task.setdefault((r[group], r["method"]), {})
+            tasks.setdefault(r["task"], []).append(r["quality"] - lc[key])
     out = {}
-    for key, ds in deltas.items():
+    for key, by_task in per_task.items():
+        ds = [statistics.mean(d) for d in by_task.values()]
         better, worse = sum(d > 1e-9 for d in ds), sum(d < -1e-9 for d in ds)
         mean = statistics.mean(ds)
         half = 1.96 * statistics.stdev(ds) / math.sqrt(len(ds)) if len(ds) > 1 else math.inf
@@ -455,6 +475,7 @@ def run(
     tasks_per_kind: int | None = None,
     sweep_context: int | None = None,
     sweep_tasks: int | None = None,
+    seeds: int = 1,
     etas: tuple[float, ...] | None = None,
     eta: float = 10.0,
     gamma: int = 5,
@@ -474,7 +495,9 @@ def run(
     cpus: list[int] | None = None,
     embedder: str | None = None,
 ) -> dict:
-    """Run the benchmark; see the module doc. `quick` finishes in a few minutes.
+    """Run the benchmark; see the module doc. `quick` finishes in a few minutes. `seeds`:
+    every method runs each task with seeds 0 .. seeds - 1 (samples differ only where the
+    temperature is above 0); quality is the mean over tasks and seeds.
 
     Every task of one context length asks about the same long context (tasks.py,
     `build_shared_tasks`): it is prefilled once (or loaded from `kv_cache`, a folder of KV
@@ -502,6 +525,8 @@ def run(
         raise TandemError(f"methods must be among {', '.join(METHODS)} (got {', '.join(methods)})")
     if "lc" not in methods:
         raise TandemError("the lc method is the reference of every ratio: keep it")
+    if seeds < 1:
+        raise TandemError(f"seeds must be at least 1 (got {seeds})")
     contexts = contexts or ([1024] if quick else [1024, 2048, 4096])
     tasks_per_kind = tasks_per_kind or (1 if quick else 2)
     sweep_context = sweep_context or contexts[0]
@@ -569,6 +594,7 @@ def run(
                     task_rows, prep = run_task(
                         task, target_lm, drafter_lm, memo, retrieval, config, window=window,
                         eta=eta, prefix=prefix, methods=methods, short_lm=short_lm,
+                        seeds=tuple(range(seeds)),
                     )  # fmt: skip
                     rows.extend(task_rows)
                     if task is tasks[0]:  # the RAG drafter's step, on a C^S-long prompt
@@ -618,7 +644,7 @@ def run(
         "benchmark": name,
         "settings": {
             "model": model, "drafter": upward or model, "contexts": contexts,
-            "tasks_per_kind": tasks_per_kind, "gamma": gamma, "eta": eta,
+            "tasks_per_kind": tasks_per_kind, "seeds": seeds, "gamma": gamma, "eta": eta,
             "temperature": temperature, "max_new_tokens": max_new_tokens,
             "chunk_tokens": chunk_tokens, "min_tokens": min_tokens, "compression": retrieval.compression,
             "threshold": retrieval.threshold, "embedder": retrieval.embedder, "streaming_window": window, "streaming_sink": 4,

@@ -116,6 +116,9 @@ def rapid(
     max_new_tokens: int = typer.Option(0, "--max-new-tokens", help="0: 64 (quick 32)."),
     sweep_context: int = typer.Option(0, "--sweep-context", help="0: the first context."),
     sweep_tasks: int = typer.Option(-1, "--sweep-tasks", help="-1: 3 (quick 1); 0: no sweep."),
+    seeds: int = typer.Option(
+        1, "--seeds", min=1, help="Run every task with seeds 0..N-1 (quality: mean over them)."
+    ),
     upward: str = typer.Option("", "--upward", help="Larger drafter model (upward speculation)."),
     methods: list[str] = typer.Option(
         [],
@@ -151,6 +154,7 @@ def rapid(
         max_new_tokens=max_new_tokens or None,
         sweep_context=sweep_context or None,
         sweep_tasks=None if sweep_tasks < 0 else sweep_tasks,
+        seeds=seeds,
         upward=upward or None,
         methods=tuple(methods) or METHODS,
         backend=backend or None,

@@ -93,6 +93,7 @@ def test_bench_runs_on_shared_contexts_and_reuses_the_saved_prefill(tmp_path):
         q = s.get("quality_vs_lc")
         assert (q is None) == (s["method"] == "lc")
         assert q is None or q["better"] + q["worse"] + q["tied"] == q["tasks"] == s["tasks"]
+        assert s["samples"] == s["tasks"] == len(tasks)
     second = run(**kw, methods=("lc", "rapid-exact"), name="again")
     assert second["prefill"][900]["loaded_from_cache"] is True
     assert second["prefill"][900]["prefill_s"] == pytest.approx(first["prefill"][900]["prefill_s"])
@@ -101,11 +102,20 @@ def test_bench_runs_on_shared_contexts_and_reuses_the_saved_prefill(tmp_path):
     }
     assert by(second) == by(first)  # same prompts, same seeds, from the loaded KV
     assert {r["method"] for r in second["rows"]} == {"lc", "rapid-exact"}
+    seeded = run(**{**kw, "temperature": 1.0}, methods=("lc", "rapid-exact"), seeds=2, name="s")
+    assert seeded["settings"]["seeds"] == 2
+    for s in seeded["summary"]:
+        assert (s["tasks"], s["samples"]) == (len(tasks), 2 * len(tasks))
+    texts = {(r["task"], r["seed"]): r["text"] for r in seeded["rows"] if r["method"] == "lc"}
+    assert len(texts) == 2 * len(tasks)
+    assert any(texts[t, 0] != texts[t, 1] for t in tasks)  # the seeds draw other samples
 
 
 def test_bench_rejects_unknown_methods_and_a_run_without_lc(tmp_path):
     with pytest.raises(TandemError, match="methods must be among"):
         run(model="tiny-qwen2", methods=("lc", "magic"), out=tmp_path)
+    with pytest.raises(TandemError, match="seeds must be at least 1"):
+        run(model="tiny-qwen2", seeds=0, out=tmp_path)
     with pytest.raises(TandemError, match="lc method"):
         run(model="tiny-qwen2", methods=("rapid-exact",), out=tmp_path)
 
@@ -136,3 +146,16 @@ def test_paired_quality_compares_each_task_with_lc_on_the_same_task():
     assert one["sign_test_p"] == 1.0
     assert out[2, "x"]["better"] == 1 and out[2, "x"]["ci95"][1] == float("inf")
     assert (1, "lc") not in out
+
+
+def test_paired_quality_averages_a_tasks_seeds_before_counting_it():
+    rows = [
+        {"context": 1, "task": t, "seed": seed, "method": m, "quality": q}
+        for t, seed, m, q in [
+            ("a", 0, "lc", 0.0), ("a", 1, "lc", 1.0), ("a", 0, "x", 1.0), ("a", 1, "x", 1.0),
+            ("b", 0, "lc", 1.0), ("b", 1, "lc", 0.0), ("b", 0, "x", 0.0), ("b", 1, "x", 1.0),
+        ]
+    ]  # fmt: skip
+    one = paired_quality(rows, "context")[1, "x"]  # a: +1 and 0 -> +0.5; b: -1 and +1 -> 0
+    assert (one["tasks"], one["better"], one["worse"], one["tied"]) == (2, 1, 0, 1)
+    assert one["mean_delta"] == pytest.approx(0.25)
