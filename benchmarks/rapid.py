@@ -634,8 +634,9 @@ def run(
     model_fit = cost_model(costs, summary, gamma=gamma) if "rapid-exact" in methods else {}
     sweep = aggregate(sweep_rows, ("retrieval", "method", "eta")) if sweep_rows else []
     swept = {r["task"] for r in sweep_rows}  # compare with LC on the same (swept) tasks
-    lc_swept = aggregate(
-        [r for r in rows if r["method"] == "lc" and r["task"] in swept], ("method",)
+    lc_swept = aggregate(  # the sweep runs with seed 0
+        [r for r in rows if r["method"] == "lc" and r["task"] in swept and r["seed"] == 0],
+        ("method",),
     )
     for s in sweep:
         s["delta_quality"] = s["quality"] - lc_swept[0]["quality"]
@@ -686,12 +687,29 @@ def _plot(summary, sweep, contexts, out: Path, name: str) -> Path:
         pts = sorted(((s["context"], s) for s in summary if s["method"] == m), key=lambda p: p[0])
         xs = [c for c, _ in pts]
         style = {"label": m, "color": f"C{index}", "marker": "o"}
-        axes[0][0].plot(xs, [s["quality"] for _, s in pts], **style)
+        dodge = 0.012 * (index - (len(methods) - 1) / 2)  # methods side by side at a context
+        pts = [(c * (1 + dodge), s) for c, s in pts]
+        axes[0][0].plot([c for c, _ in pts], [s["quality"] for _, s in pts], **style)
+        paired = [(c, s) for c, s in pts if "quality_vs_lc" in s]
+        if paired:  # LC's quality + the 95% interval of the paired difference
+            lc_quality = {s["context"]: s["quality"] for s in summary if s["method"] == "lc"}
+            mid = [s["quality"] for _, s in paired]
+            lo = [lc_quality[s["context"]] + s["quality_vs_lc"]["ci95"][0] for _, s in paired]
+            hi = [lc_quality[s["context"]] + s["quality_vs_lc"]["ci95"][1] for _, s in paired]
+            axes[0][0].errorbar(
+                [c for c, _ in paired], mid, color=f"C{index}", fmt="none", capsize=3,
+                yerr=[[max(0.0, q - a) for q, a in zip(mid, lo, strict=True)],
+                      [max(0.0, b - q) for q, b in zip(mid, hi, strict=True)]],
+            )  # fmt: skip
         axes[0][1].plot(xs, [s.get("speedup", 0) for _, s in pts], **style)
         if m not in ("lc", "rag"):
             axes[0][2].plot(xs, [s["acceptance"] or 0 for _, s in pts], **style)
     axes[0][1].axhline(1.0, color="k", lw=0.8, ls=":")
-    axes[0][0].set(xlabel="context tokens", ylabel="quality (task metric)", title="quality")
+    axes[0][0].set(
+        xlabel="context tokens",
+        ylabel="quality (task metric)",
+        title="quality (bars: LC + 95% interval of the paired difference)",
+    )
     axes[0][1].set(xlabel="context tokens", ylabel="decode throughput / LC", title="speedup vs LC")
     axes[0][2].set(xlabel="context tokens", ylabel="accepted / drafted", title="acceptance rate")
     for kind, style in (("relevant", "o-"), ("unrelated", "s--")):
