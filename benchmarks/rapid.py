@@ -303,14 +303,14 @@ def paired_quality(rows: list[dict[str, Any]], group: str) -> dict[tuple, dict[s
         ds = [statistics.mean(d) for d in by_task.values()]
         better, worse = sum(d > 1e-9 for d in ds), sum(d < -1e-9 for d in ds)
         mean = statistics.mean(ds)
-        half = 1.96 * statistics.stdev(ds) / math.sqrt(len(ds)) if len(ds) > 1 else math.inf
+        half = 1.96 * statistics.stdev(ds) / math.sqrt(len(ds)) if len(ds) > 1 else None
         out[key] = {
             "tasks": len(ds),
             "better": better,
             "worse": worse,
             "tied": len(ds) - better - worse,
             "mean_delta": mean,
-            "ci95": [mean - half, mean + half],
+            "ci95": None if half is None else [mean - half, mean + half],  # None: one task
             "sign_test_p": sign_test_p(better, worse),
         }
     return out
@@ -690,7 +690,7 @@ def _plot(summary, sweep, contexts, out: Path, name: str) -> Path:
         dodge = 0.012 * (index - (len(methods) - 1) / 2)  # methods side by side at a context
         pts = [(c * (1 + dodge), s) for c, s in pts]
         axes[0][0].plot([c for c, _ in pts], [s["quality"] for _, s in pts], **style)
-        paired = [(c, s) for c, s in pts if "quality_vs_lc" in s]
+        paired = [(c, s) for c, s in pts if (s.get("quality_vs_lc") or {}).get("ci95")]
         if paired:  # LC's quality + the 95% interval of the paired difference
             lc_quality = {s["context"]: s["quality"] for s in summary if s["method"] == "lc"}
             mid = [s["quality"] for _, s in paired]
