@@ -634,8 +634,12 @@ def run(
     model_fit = cost_model(costs, summary, gamma=gamma) if "rapid-exact" in methods else {}
     sweep = aggregate(sweep_rows, ("retrieval", "method", "eta")) if sweep_rows else []
     swept = {r["task"] for r in sweep_rows}  # compare with LC on the same (swept) tasks
-    lc_swept = aggregate(  # the sweep runs with seed 0
-        [r for r in rows if r["method"] == "lc" and r["task"] in swept and r["seed"] == 0],
+    lc_swept = aggregate(  # the sweep runs with config.seed
+        [
+            r
+            for r in rows
+            if r["method"] == "lc" and r["task"] in swept and r["seed"] == config.seed
+        ],
         ("method",),
     )
     for s in sweep:
