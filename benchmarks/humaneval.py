@@ -15,7 +15,8 @@ discarded. Afterwards, untimed: each completion runs its tests in a subprocess
 Words used here:
 - *mode*: a name in MODES; *exact mode*: a speculative one: at temperature 0 its output is
   the target's greedy output, so it must equal `ar` token for token, up to llama.cpp
-  near-ties (its k-token verification and single-token decoding differ by up to ~0.5 logits).
+  near-ties (its k-token verification and single-token decoding differ by up to ~0.5 logits);
+  a `-token` mode verifies one token per pass (SpecConfig.verify_calls) and has no exception.
 - *round*: one verdict of the cloud: the accepted drafts plus the next token (bonus or
   recovered) when one came; *accepted length* = their mean count (incl. bonus).
 - *acceptance trace*: per problem and exact mode, the accepted drafts of every round in
@@ -66,6 +67,13 @@ MODES: dict[str, tuple[str, dict]] = {
     # length, or no drafting (the cloud's AR stream alone); one controller for the whole run
     "spec-adaptive": ("spec", EAGER),
 }
+# each exact mode with the cloud verifying one token per pass (SpecConfig.verify_calls): the
+# same output as "ar" bit for bit on llama.cpp, at the cost of the block's saving
+MODES.update({
+    f"{mode}-token": (runtime, {**settings, "verify_calls": "token"})
+    for mode, (runtime, settings) in list(MODES.items())
+    if runtime == "spec" and mode != "spec-adaptive"
+})  # fmt: skip
 WARMUP_TOKENS = 8
 CLOUD_START_S = 300.0  # the cloud loads its model before it listens
 

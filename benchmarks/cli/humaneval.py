@@ -15,7 +15,9 @@ def humaneval(
         ["ar", "spec-sync", "spec-async", "local"],
         "--mode",
         help="Modes side by side (repeat): ar, local, spec-sync, spec-async, spec-sync-dense, "
-        "sqs, c-sqs, sqs-async, spec-eager, spec-adaptive (eager + the adaptive controller).",
+        "sqs, c-sqs, sqs-async, spec-eager, spec-adaptive (eager + the adaptive controller); "
+        "each exact mode but spec-adaptive also as <mode>-token (the cloud verifies one token "
+        "per pass: bit for bit ar's output).",
     ),
     problems: str = typer.Option(
         "0-15", "--problems", help="Problem indices: all, 0-15 (the first 16), 0,3,10-12."

@@ -64,6 +64,12 @@ def run(
     downlink_k: int = typer.Option(10, "--downlink-k", help="separate: target top-K sent down."),
     fast_verify: bool = typer.Option(True, "--fast-verify/--no-fast-verify"),
     truncate_factor: float = typer.Option(2.0, "--truncate-factor", help="0 = no truncation."),
+    verify_calls: str = typer.Option(
+        "block",
+        "--verify-calls",
+        help="spec: block, or token (the cloud's output equals its AR "
+        "output bit for bit on llama.cpp; slower).",
+    ),
     prompt: str = typer.Option(DEFAULT_PROMPT, "--prompt", "-p"),
     raw: bool = typer.Option(False, "--raw", help="Use the prompt without the chat template."),
     model: str = typer.Option("qwen2.5-coder-0.5b", "--model", "-m", help="Device model."),
@@ -129,7 +135,7 @@ def run(
         pipeline=pipeline, codec=codec or "dense", codec_params=parse_params(codec_param),
         draft_len=draft_len, bit_budget=bit_budget, downlink_k=downlink_k,
         fast_verify=fast_verify, first_chunk=1, truncate_factor=truncate_factor,
-        temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+        verify_calls=verify_calls, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
         max_new_tokens=max_new_tokens,
     )  # fmt: skip
     torch.set_num_threads(threads)
@@ -151,7 +157,7 @@ def run(
         mode=mode, cloud=f"{host}:{port}", delay=delay, pipeline=pipeline, codec=codec,
         codec_params=config.codec_params, corpus=corpus, docs=docs, eta=eta, draft_len=draft_len, bit_budget=bit_budget,
         downlink_k=downlink_k, fast_verify=fast_verify, truncate_factor=truncate_factor,
-        threads=threads,
+        verify_calls=verify_calls, threads=threads,
     ))  # fmt: skip
     backend = build_backend(settings, lm, secret=secret)
     backend.fallback = fallback
@@ -204,6 +210,9 @@ def serve(
     downlink_k: int = typer.Option(None, "--downlink-k", help="separate: top-K sent down [10]."),
     fast_verify: bool = typer.Option(None, "--fast-verify/--no-fast-verify"),
     truncate_factor: float = typer.Option(None, "--truncate-factor", help="0 = off [2]."),
+    verify_calls: str = typer.Option(
+        None, "--verify-calls", help="spec: block or token (AR-identical, slower) [block]."
+    ),
     max_context: int = typer.Option(None, "--max-context", help="Prompt + completion [4096]."),
     max_tokens: int = typer.Option(None, "--max-tokens", help="Largest max_tokens [1024]."),
     default_max_tokens: int = typer.Option(None, help="max_tokens when a request has none."),

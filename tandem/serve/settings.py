@@ -62,6 +62,7 @@ class DeviceServeSettings(_Section):
     downlink_k: int = Field(10, ge=1)
     fast_verify: bool = True
     truncate_factor: float = Field(2.0, ge=0.0)
+    verify_calls: Literal["block", "token"] = "block"  # "token": the cloud verifies AR-shaped
     max_context: int = Field(4096, ge=16)  # prompt + completion tokens, at most
     max_tokens: int = Field(1024, ge=1)  # the largest `max_tokens` a request may ask for
     default_max_tokens: int = Field(256, ge=1)  # when a request gives none

@@ -177,12 +177,17 @@ def test_unknown_mode_is_one_line():
 @pytest.mark.slow
 def test_real_pair_one_problem_spec_equals_cloud_ar(tmp_path):
     """The real 0.5B / 1.5B pair on llama.cpp: at temperature 0 stop-and-wait gives cloud AR's
-    tokens, or departs from them only where the target's top-2 margin is a near-tie."""
+    tokens, or departs from them only where the target's top-2 margin is a near-tie; with the
+    cloud verifying one token per pass (spec-eager-token) it gives them exactly."""
     from tandem.models.llamacpp import BATCH_SHAPE_ERROR
 
-    payload = humaneval.run(out=tmp_path, problems="2", modes=("ar", "spec-sync"),
-                            max_new_tokens=24)  # fmt: skip
-    row = {r["mode"]: r for r in payload["table"]}["spec-sync"]
-    assert row["tokens"] > 0 and row["accepted_len_incl_bonus"] >= 1
+    payload = humaneval.run(out=tmp_path, problems="2", modes=("ar", "spec-sync",
+                            "spec-eager-token"), max_new_tokens=24)  # fmt: skip
+    rows = {r["mode"]: r for r in payload["table"]}
+    for mode in ("spec-sync", "spec-eager-token"):
+        assert rows[mode]["tokens"] > 0 and rows[mode]["accepted_len_incl_bonus"] >= 1
     for d in payload["exactness"]["divergences"]:
+        assert d["mode"] == "spec-sync", d
         assert d.get("target_top2_margin", 0.0) < 2 * BATCH_SHAPE_ERROR, d
+    assert payload["setup"]["modes"]["spec-eager-token"]["verify_calls"] == "token"
+    assert payload["exactness"]["per_mode"]["spec-eager-token"]["problems_differing_tokens"] == 0

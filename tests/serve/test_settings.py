@@ -153,5 +153,12 @@ def test_modes_and_spec_defaults_come_from_the_protocols():
 
     assert set(CLOUD_MODES) == set(MODES)
     device, spec = DeviceServeSettings(), SpecConfig()
-    for knob in ("draft_len", "bit_budget", "downlink_k", "fast_verify", "truncate_factor"):
+    for knob in (
+        "draft_len",
+        "bit_budget",
+        "downlink_k",
+        "fast_verify",
+        "truncate_factor",
+        "verify_calls",
+    ):
         assert getattr(device, knob) == getattr(spec, knob), knob

@@ -20,6 +20,11 @@ Words used here:
   temperature 1 ("augmented greedy"; the drafter then sends its temperature-1 law and drafts
   its argmax). With eta > 0 no bonus token is drawn (the bonus position has no draft law): the
   next block's first draft covers that position, so every position's law is p_hat.
+- *verify_calls*: how the cloud feeds a block to its target: "block" = one forward pass (the
+  point of speculative decoding: a pass over n tokens costs much less than n passes), "token"
+  = one pass per token (context.py, *token calls*). At temperature 0 the output then equals
+  the cloud's AR output bit for bit on llama.cpp too, where block passes differ from single
+  steps by up to ~1 logit and near-ties can go the other way; it costs what the block saves.
 - *position generator*: every random draw is made with a generator seeded from
   (seed, purpose, position), so the output does not depend on timing, chunking or the link.
 
@@ -34,6 +39,7 @@ from tandem.errors import TandemError
 from tandem.sampling.rapid import TAIL_RULES
 
 PIPELINES = ("sync", "async", "eager")
+VERIFY_CALLS = ("block", "token")
 SEPARATE = "separate"
 CODECS = ("dense", SEPARATE, "k-sqs", "c-sqs", "top-k", "top-p", "identity")
 
@@ -63,6 +69,7 @@ class SpecConfig:
     eta: float = 0.0  # RAPID-augmented verification strength (0 = exact target law)
     tail: str = "paper"  # tail rule of RAPID's Eq. 9 (tandem.sampling.rapid)
     tail_ratio: float = 0.1
+    verify_calls: str = "block"  # "token": the cloud feeds a block one token per pass
 
     def __post_init__(self) -> None:
         checks = [
@@ -81,6 +88,10 @@ class SpecConfig:
             (self.eta >= 0, "eta must be >= 0"),
             (self.tail in TAIL_RULES, f"tail must be one of {', '.join(TAIL_RULES)}"),
             (0 <= self.tail_ratio <= 1, "tail_ratio must be in [0, 1]"),
+            (
+                self.verify_calls in VERIFY_CALLS,
+                f"verify_calls must be one of {', '.join(VERIFY_CALLS)}",
+            ),
             (
                 not (self.eta > 0 and self.codec == SEPARATE),
                 "eta > 0 needs the whole draft law at the cloud; use an uplink codec "

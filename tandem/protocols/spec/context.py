@@ -7,6 +7,13 @@ Words used here:
 - *rows*: next-token logits. `logits(extra)` returns len(extra) + 1 rows: the row that
   predicts extra[0], ..., and the row after the last one (the *bonus* row).
 
+- *token calls* (`token_calls=True`): every forward pass feeds one token, so a block of n
+  tokens is n passes. Engines whose kernels are not batch-invariant (llama.cpp: a token's
+  logits depend a little on how many tokens share its call, tandem.models.llamacpp NUMERICS)
+  then give every row the logits plain autoregressive decoding gives it, bit for bit, as long
+  as the row's KV cells lie where AR's would (one session at a time on the model): the
+  cloud's `SpecConfig.verify_calls = "token"`. It costs the block's saving: n passes, not one.
+
 Rollback is `truncate(n)`: keep prompt + n output tokens and crop the cache to match.
 Cancellation comes from the backend: a cancelled decode leaves the state (and `ids`) as they
 were, so a caller can always retry or roll back.
@@ -25,10 +32,13 @@ from tandem.models.base import CausalLM, State
 class LMContext:
     """One side's model state: `ids` with a lazily fed KV cache."""
 
-    def __init__(self, lm: CausalLM, prompt_ids: Sequence[int]) -> None:
+    def __init__(
+        self, lm: CausalLM, prompt_ids: Sequence[int], *, token_calls: bool = False
+    ) -> None:
         if not prompt_ids:
             raise ValueError("the prompt must have at least one token")
         self.lm = lm
+        self.token_calls = token_calls
         self.ids: list[int] = [int(t) for t in prompt_ids]
         self.prompt_len = len(self.ids)
         self.state: State | None = None
@@ -69,12 +79,30 @@ class LMContext:
         if not pending and not extra:
             return self.state.logits[0:1].clone()
         before = self.state.logits
-        out = self.lm.decode(self.state, pending + extra, cancel=cancel)[0]  # [n, vocab]
+        out = self._decode(pending + extra, cancel)  # [n, vocab]
         self.forward_passes += 1
         self.ids.extend(extra)
         if pending:
             return out[len(pending) - 1 :]
         return torch.cat([before[0:1], out])
+
+    def _decode(self, tokens: list[int], cancel: threading.Event | None) -> torch.Tensor:
+        """Logits [len(tokens), vocab] of feeding `tokens`: one pass, or one per token."""
+        if not self.token_calls or len(tokens) == 1:
+            return self.lm.decode(self.state, tokens, cancel=cancel)[0]
+        length, logits = self.state.seq_len, self.state.logits
+        rows = []
+        try:
+            for token in tokens:
+                rows.append(self.lm.decode(self.state, [token], cancel=cancel)[0])
+        except BaseException:  # the protocol's contract: a cancelled decode changes nothing
+            if self.state.seq_len > length:
+                self.lm.crop(self.state, length)
+                self.state.logits, self.state.recent_logits = logits, None
+            raise
+        out = torch.cat(rows)
+        self.state.recent_logits = out.unsqueeze(0)  # a crop inside the block keeps its row
+        return out
 
     def _unfeed_last(self) -> None:
         """Make the last fed token pending again (or re-prefill a one-token context)."""

@@ -98,7 +98,7 @@ class Verifier:
     ) -> None:
         self.lm = lm
         self.config = config
-        self.ctx = LMContext(lm, prompt_ids)
+        self.ctx = LMContext(lm, prompt_ids, token_calls=config.verify_calls == "token")
         self.eos_id = eos_id if config.stop_at_eos else None
         self.rule = make_rule(config)
         self.committed: list[int] = []

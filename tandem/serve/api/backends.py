@@ -213,6 +213,7 @@ class SpecSettings:
     downlink_k: int = 10
     fast_verify: bool = True
     truncate_factor: float = 2.0
+    verify_calls: str = "block"
 
 
 class CloudBackend:
@@ -301,7 +302,7 @@ class SpecBackend(CloudBackend):
             pipeline=spec.pipeline, codec=spec.codec, codec_params=spec.codec_params,
             draft_len=spec.draft_len, bit_budget=spec.bit_budget, downlink_k=spec.downlink_k,
             fast_verify=spec.fast_verify, truncate_factor=spec.truncate_factor,
-            temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
+            verify_calls=spec.verify_calls, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
             seed=params.seed, max_new_tokens=params.max_tokens, first_chunk=1,
         )  # fmt: skip
 
