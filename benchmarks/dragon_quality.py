@@ -17,7 +17,10 @@ Words used here:
   document = document + prefix; per position the law is eta_d p_d + eta_c p_c with
   p_s = sum_{d in s} softmax(R_s)(d) p(.|d, prefix) and eta = softmax(logsumexp R_d,
   logsumexp R_c): `tandem.sampling.aggregation`, as `reference.CentralPair` with the identity
-  codec; the NLL only needs each row's probability of the true token, and mixing is linear).
+  codec; the NLL only needs each row's probability of the true token, and mixing is linear),
+  `dragon-side` (ours, `DragonConfig(rows="side")`: one row per side holding that side's k
+  documents concatenated, i.e. CRCG/Device's and CRCG/Cloud's rows, mixed across sides with
+  the same weights eta as `dragon`; no extra model call).
 - *perplexity*: exp(total NLL / total scored tokens) over all passages (corpus level).
 
 Concatenated contexts share their KV cache across k when one context extends the last (the
@@ -38,7 +41,7 @@ import torch
 
 from tandem.sampling.aggregation import document_mixture, mixture, side_logweight
 
-METHODS = ("none", "crcg-device", "crcg-cloud", "drcg", "dragon")
+METHODS = ("none", "crcg-device", "crcg-cloud", "drcg", "dragon", "dragon-side")
 SPLITS = ("rank", "module")
 SEPARATOR = "\n\n"
 PAPER = (
@@ -139,6 +142,23 @@ def dragon_logprobs(
     return mixture(device_probs, cloud_probs, h_d, h_c).log()
 
 
+def joined_logprobs(
+    device_logprobs: torch.Tensor,  # [n] log p(x_i | the device's documents joined, prefix)
+    device_relevance: torch.Tensor,  # [docs_d] relevance logits of those documents
+    cloud_logprobs: torch.Tensor,  # [n]
+    cloud_relevance: torch.Tensor,  # [docs_c]
+) -> torch.Tensor:  # [n]
+    """One row per side (`rows="side"`, `aggregation.joined_side_law`): each side's law is its
+    joined row's, its weight h the logsumexp of its documents' relevance logits, as in
+    `dragon_logprobs`; both sides must hold documents."""
+    return mixture(
+        device_logprobs.double().exp(),
+        cloud_logprobs.double().exp(),
+        side_logweight(device_relevance.double()),
+        side_logweight(cloud_relevance.double()),
+    ).log()
+
+
 def perplexity(nll_sum: float, tokens: int) -> float:
     return math.exp(nll_sum / tokens)
 
@@ -173,16 +193,18 @@ class PassageScorer:
             self._row_logprobs[doc.doc_id] = self.plain(self.doc_ids(doc))
         return self._row_logprobs[doc.doc_id]
 
+    def relevance(self, docs: list[Doc]) -> torch.Tensor:  # [len(docs)] relevance logits
+        temperature = self.config.relevance_temperature
+        return torch.tensor([d.score / temperature for d in docs], dtype=torch.float64)
+
     def dragon(self, device: list[Doc], cloud: list[Doc]) -> torch.Tensor:  # [n]
         if not device and not cloud:
             return self.plain([])
-        temperature = self.config.relevance_temperature
 
         def stack(docs: list[Doc]) -> tuple[torch.Tensor, torch.Tensor]:
             n = len(self.passage.scored_ids)
             rows = torch.stack([self.row(d) for d in docs]) if docs else torch.zeros(0, n)
-            relevance = torch.tensor([d.score / temperature for d in docs], dtype=torch.float64)
-            return rows, relevance
+            return rows, self.relevance(docs)
 
         return dragon_logprobs(*stack(device), *stack(cloud))
 
@@ -230,16 +252,25 @@ def score_passage(
     for k in ks:
         previous = union_order(previous, sides[k][0] + sides[k][1])
         drcg_docs.append(previous)
+    rows: dict[str, dict[int, torch.Tensor]] = {}  # the concatenated rows' log-probs
     for method, contexts in (
         ("crcg-device", [sides[k][0] for k in ks]),
         ("crcg-cloud", [sides[k][1] for k in ks]),
         ("drcg", drcg_docs),
     ):
-        for k, logprobs in zip(ks, scorer.concatenated(contexts), strict=True):
+        rows[method] = dict(zip(ks, scorer.concatenated(contexts), strict=True))
+        for k, logprobs in rows[method].items():
             nll[method][k] = -float(logprobs.sum())
     for k in ks:
         nll["none"][k] = base
         nll["dragon"][k] = -float(scorer.dragon(*sides[k]).sum())
+        device, cloud = sides[k]
+        if device and cloud:
+            joined = joined_logprobs(rows["crcg-device"][k], scorer.relevance(device),
+                                     rows["crcg-cloud"][k], scorer.relevance(cloud))  # fmt: skip
+            nll["dragon-side"][k] = -float(joined.sum())
+        else:  # one side holds documents: its row alone (the other has weight 0)
+            nll["dragon-side"][k] = nll["crcg-device" if device else "crcg-cloud"][k]
     result.nll, result.seconds = nll, time.perf_counter() - began
     return result
 
@@ -258,6 +289,7 @@ def summarize(results: list[PassageResult], ks: Sequence[int]) -> dict:
         best = max(base - ppl[m][k] for m in ("crcg-device", "crcg-cloud", "drcg"))
         gains[k] = {
             "dragon_gain": base - ppl["dragon"][k],
+            "dragon_side_gain": base - ppl["dragon-side"][k],
             "best_baseline_gain": best,
             "ratio": (base - ppl["dragon"][k]) / best if best > 0 else None,
         }
@@ -414,6 +446,7 @@ LABELS = {
     "crcg-device": "CRCG/Device",
     "drcg": "DRCG",
     "dragon": "DRAGON",
+    "dragon-side": "DRAGON, one row per side (ours)",
 }
 
 

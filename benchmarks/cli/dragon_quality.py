@@ -28,8 +28,10 @@ def perplexity(
     split: str = typer.Option("rank", "--split", help="rank (paper Sec. 7.2) or module."),
     quick: bool = typer.Option(False, "--quick", help="3 passages, k in 0,1,2 (~1 min)."),
     out: Path = OUT,
+    name: str = typer.Option("dragon_quality", "--name", help="Result file name (no suffix)."),
 ) -> None:
-    """Fig. 5: perplexity vs retrieved documents per side (no retrieval, CRCG, DRCG, DRAGON)."""
+    """Fig. 5: perplexity vs retrieved documents per side (no retrieval, CRCG, DRCG, DRAGON,
+    and DRAGON with one row per side)."""
     import torch
 
     from benchmarks.dragon_quality import SPLITS, QualityConfig, run
@@ -46,7 +48,7 @@ def perplexity(
         ks=tuple(ks), passages=passages, prefix_tokens=prefix_tokens,
         scored_tokens=scored_tokens, doc_tokens=doc_tokens, split=split,
     )  # fmt: skip
-    run(model=model, out=out, config=config)
+    run(model=model, out=out, config=config, name=name)
 
 
 def scheduling(

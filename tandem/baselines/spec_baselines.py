@@ -72,6 +72,8 @@ async def serve_cloud_ar(channel, lm: CausalLM, *, first=None) -> dict | None:
     with contextlib.suppress(ChannelClosed, TransportError):
         while not isinstance(await channel.recv(), End):
             pass
+        steps.close()  # the loop holds the state: free the KV before the device hears we are done
+        ctx.release()
         await channel.send(control.stats(stats))
     return stats
 

@@ -105,6 +105,12 @@ class _Rows:
         self.seqs = seqs
         self._finalizer = weakref.finalize(self, lm._release, list(seqs))
 
+    def detach(self) -> list[int]:
+        """The seqs, now owned by the caller (the finalizer will not release them)."""
+        self._finalizer.detach()
+        seqs, self.seqs = self.seqs, []
+        return seqs
+
 
 class LlamaCppLM:
     """A GGUF model run by llama.cpp behind the `CausalLM` protocol."""
@@ -350,6 +356,19 @@ class LlamaCppLM:
         state.logits = logits[:, -1]
         state.recent_logits = logits
         return logits
+
+    def free(self, state: State) -> None:
+        """Give a state's rows back to the cache now, not when the state is collected (which
+        an exception's traceback or a reference cycle can delay past the next session's
+        prefill, and where a row's cells lie changes its logits a little: NUMERICS). The
+        state is unusable afterwards."""
+        rows = state.cache
+        if not isinstance(rows, _Rows) or not rows.seqs:
+            return
+        seqs = rows.detach()
+        with self._lock:
+            self._cut(seqs, [0] * len(seqs))
+            self._free.extend(seqs)
 
     def crop(self, state: State, seq_len: int) -> None:
         state.crop_bookkeeping(seq_len)

@@ -101,3 +101,25 @@ def test_union_order_keeps_earlier_documents_first():
     a, b, c = Doc("a", "", 0.1), Doc("b", "", 0.9), Doc("c", "", 0.5)
     assert [d.doc_id for d in union_order([a], [c, b, a])] == ["a", "b", "c"]
     assert [d.doc_id for d in union_order([a, b], [b, c])] == ["b", "c"]
+
+
+def test_one_row_per_side_mixes_the_sides_concatenated_rows(tiny_lm, passage):
+    device = docs(DEVICE_TEXTS[:2], "d", [0.9, 0.5])
+    cloud = docs(CLOUD_TEXTS[:2], "c", [0.8, 0.6])
+    sides = {0: ([], []), 1: (device[:1], cloud[:1]), 2: (device, cloud)}
+    result = score_passage(tiny_lm, passage, sides, CONFIG)
+    # one document per side: the joined row is that document's row, so it is DRAGON's law
+    assert result.nll["dragon-side"][1] == pytest.approx(result.nll["dragon"][1], rel=1e-4)
+
+    def row(chosen):
+        context = [t for d in chosen for t in doc_context(tiny_lm, d, 48)]
+        return continuation_logprobs(tiny_lm, context, passage).exp()
+
+    def h(chosen):  # the side's weight: logsumexp of its relevance logits
+        return math.log(sum(math.exp(d.score / 0.1) for d in chosen))
+
+    eta = 1 / (1 + math.exp(h(cloud) - h(device)))
+    wanted = float(-(eta * row(device) + (1 - eta) * row(cloud)).log().sum())
+    assert result.nll["dragon-side"][2] == pytest.approx(wanted, rel=1e-4)
+    assert result.nll["dragon-side"][2] != pytest.approx(result.nll["dragon"][2], rel=1e-4)
+    assert result.nll["dragon-side"][0] == pytest.approx(result.nll["none"][0])

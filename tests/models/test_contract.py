@@ -253,6 +253,34 @@ def test_llamacpp_rows_are_freed_with_their_states(real_lm):
 
 
 @pytest.mark.slow
+def test_llamacpp_free_gives_the_cells_back_now_and_a_fresh_layout(real_lm):
+    """A state still referenced (as a traceback can keep one) is freed by `free`: its seqs are
+    empty and free again, and the next prefill lies where it would on an empty cache, so its
+    one-token steps give the logits of the same steps run on an empty cache bit for bit."""
+    import gc
+
+    lm, prompt = real_lm, list(range(100, 160))
+    gc.collect()
+
+    def steps(n=12):
+        state = lm.prefill(prompt)
+        rows = [state.logits[0].clone()]
+        for token in range(200, 200 + n):
+            rows.append(lm.decode(state, [token])[0, -1].clone())
+        return state, torch.stack(rows)
+
+    first, fresh = steps()
+    (seq,) = first.cache.seqs
+    lm.free(first)  # first is still referenced here
+    assert first.cache.seqs == [] and seq in lm._free
+    assert lm._lib.llama_memory_seq_pos_max(lm._mem, seq) == -1  # no cell holds it
+    second, again = steps()
+    assert torch.equal(again, fresh)
+    lm.free(first)  # freeing twice is harmless
+    lm.free(second)
+
+
+@pytest.mark.slow
 def test_llamacpp_extend_keeps_only_the_last_logits_of_a_decode(real_lm):
     """`extend` = `decode` without the vocab projection of all but each row's last position:
     the same state afterwards, last logits within the batch-shape tolerance (NUMERICS)."""

@@ -236,6 +236,7 @@ class CloudSession:
             elif isinstance(msg, End):
                 self.output = [int(t) for t in msg.tokens]
                 self._count_tokens(len(self.output))  # incl. tokens only the device saw
+                self.verifier.ctx.release()  # free the KV before the device hears we are done
                 await self._send_stats()
                 return None
         return requests

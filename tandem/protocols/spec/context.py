@@ -6,7 +6,6 @@ Words used here:
   are *pending* and get fed with the next forward pass, together with any new tokens.
 - *rows*: next-token logits. `logits(extra)` returns len(extra) + 1 rows: the row that
   predicts extra[0], ..., and the row after the last one (the *bonus* row).
-
 - *token calls* (`token_calls=True`): every forward pass feeds one token, so a block of n
   tokens is n passes. Engines whose kernels are not batch-invariant (llama.cpp: a token's
   logits depend a little on how many tokens share its call, tandem.models.llamacpp NUMERICS)
@@ -46,6 +45,17 @@ class LMContext:
 
     def prefill(self, cancel: threading.Event | None = None) -> None:
         self.state = self.lm.prefill(self.ids, cancel=cancel)
+
+    def release(self) -> None:
+        """Drop the KV state now (the generation is over): its cells go back to the model,
+        before the session's last message, so the next session's rows lie where they would
+        on a fresh model (token calls' bit-exactness depends on it, module docstring). A
+        backend that can (`free`: llama.cpp) takes the cells back at once; otherwise they go
+        when the state is collected."""
+        free = getattr(self.lm, "free", None)
+        if self.state is not None and free is not None:
+            free(self.state)
+        self.state = None
 
     @property
     def fed(self) -> int:

@@ -91,3 +91,71 @@ def test_the_verifier_uses_token_calls_when_asked(tiny_lm, prompt_ids):
         assert verifier.ctx.token_calls is expected
     with pytest.raises(TandemError, match="verify_calls must be one of block, token"):
         SpecConfig(verify_calls="row")
+
+
+class Freeing:
+    """The model, with a `free` (as llama.cpp's) that records which states it was given."""
+
+    def __init__(self, lm) -> None:
+        self.lm, self.freed = lm, []
+
+    def free(self, state) -> None:
+        self.freed.append(state)
+
+    def __getattr__(self, name):
+        return getattr(self.lm, name)
+
+
+def test_release_frees_the_state_through_the_backend(tiny_lm, prompt_ids):
+    lm = Freeing(tiny_lm)
+    ctx = LMContext(lm, prompt_ids)
+    ctx.prefill()
+    state = ctx.state
+    ctx.release()
+    assert ctx.state is None and lm.freed == [state]
+    ctx.release()  # twice: nothing more
+    assert lm.freed == [state]
+
+
+@pytest.mark.parametrize("pipeline,codec", [("sync", "dense"), ("eager", "dense")])
+def test_the_cloud_frees_its_kv_before_it_says_the_session_is_over(
+    tiny_lm, prompt_ids, monkeypatch, pipeline, codec
+):
+    """The device starts its next session once the cloud's stats arrive; the cloud's rows must
+    be gone by then, so the next session's rows lie as on a fresh model (context.py)."""
+    import asyncio
+
+    from tandem.protocols.spec import run_pair
+    from tandem.protocols.spec.cloud import CloudSession
+
+    seen = []
+    send_stats = CloudSession._send_stats
+
+    async def spy(self):
+        seen.append(self.verifier.ctx.state)
+        await send_stats(self)
+
+    monkeypatch.setattr(CloudSession, "_send_stats", spy)
+    config = SpecConfig(pipeline=pipeline, codec=codec, temperature=0.0, max_new_tokens=6)
+    asyncio.run(run_pair(device_lm=tiny_lm, cloud_lm=tiny_lm, prompt_ids=prompt_ids, config=config))
+    assert seen == [None]
+
+
+def test_cloud_ar_frees_its_kv_before_it_sends_its_stats(tiny_lm, prompt_ids):
+    import asyncio
+
+    from tandem.baselines.spec_baselines import run_cloud_ar, serve_cloud_ar
+    from tandem.protocols.pair import run_in_process
+
+    lm = Freeing(tiny_lm)
+    config = SpecConfig(temperature=0.0, max_new_tokens=5, stop_at_eos=False)
+
+    async def device(channel, kill_cloud):
+        report = await run_cloud_ar(channel, tiny_lm.tokenizer, prompt_ids, config)
+        return report, list(lm.freed)  # what the cloud had freed when its stats arrived
+
+    (report, freed), _ = asyncio.run(
+        run_in_process(device, lambda channel: serve_cloud_ar(channel, lm))
+    )
+    assert len(report.tokens) == 5 and report.cloud["tokens"] == 5
+    assert len(freed) == 1

@@ -31,6 +31,15 @@ def cloud_lm():
     gc.collect()
 
 
+def run_real_pair(device_lm, cloud_lm, ids, config):
+    """One generation of the pair in this process, 10 ms each way; its report."""
+    link = LinkConfig(delay_ms=10.0)
+    pair = run_pair(
+        device_lm=device_lm, cloud_lm=cloud_lm, prompt_ids=ids, config=config, link=link
+    )
+    return asyncio.run(pair)[0]
+
+
 @pytest.fixture(scope="module")
 def reference(cloud_lm, greedy):
     ids = cloud_lm.tokenizer.encode(PROMPT)
@@ -50,15 +59,7 @@ def test_qwen_half_b_drafts_for_one_and_a_half_b(
     config = SpecConfig(
         pipeline=pipeline, codec=codec, temperature=0.0, max_new_tokens=N, stop_at_eos=False
     )
-    report, _ = asyncio.run(
-        run_pair(
-            device_lm=real_lm,
-            cloud_lm=cloud_lm,
-            prompt_ids=ids,
-            config=config,
-            link=LinkConfig(delay_ms=10.0),
-        )
-    )
+    report = run_real_pair(real_lm, cloud_lm, ids, config)
     greedy.assert_equal(cloud_lm, report.tokens, expected, margins)
     assert report.summary()["acceptance_rate"] > 0.3  # the 0.5B model is a useful drafter
 
@@ -79,14 +80,6 @@ def test_token_calls_give_the_ar_output_bit_for_bit(real_lm, cloud_lm, greedy, p
     gc.collect()
     config = SpecConfig(pipeline=pipeline, codec=codec, temperature=0.0, max_new_tokens=n,
                         stop_at_eos=False, verify_calls="token")  # fmt: skip
-    report, _ = asyncio.run(
-        run_pair(
-            device_lm=real_lm,
-            cloud_lm=cloud_lm,
-            prompt_ids=ids,
-            config=config,
-            link=LinkConfig(delay_ms=10.0),
-        )  # fmt: skip
-    )
+    report = run_real_pair(real_lm, cloud_lm, ids, config)
     assert report.tokens == expected
     assert report.summary()["acceptance_rate"] > 0.3
