@@ -302,8 +302,9 @@ class SpecBackend(CloudBackend):
             pipeline=spec.pipeline, codec=spec.codec, codec_params=spec.codec_params,
             draft_len=spec.draft_len, bit_budget=spec.bit_budget, downlink_k=spec.downlink_k,
             fast_verify=spec.fast_verify, truncate_factor=spec.truncate_factor,
-            verify_calls=spec.verify_calls, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
-            seed=params.seed, max_new_tokens=params.max_tokens, first_chunk=1,
+            verify_calls=spec.verify_calls, temperature=params.temperature,
+            top_p=params.top_p, top_k=params.top_k, seed=params.seed,
+            max_new_tokens=params.max_tokens, first_chunk=1,
         )  # fmt: skip
 
     async def _collaborate(self, prompt_ids, params: GenParams, config, recorder: Recorder, info):

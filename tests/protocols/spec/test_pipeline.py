@@ -26,9 +26,13 @@ def fresh_row(lm, ids: list[int]) -> torch.Tensor:
     return lm.score(ids)[-1]
 
 
+def consistent(ctx, lm) -> bool:
+    """The context's next-token logits equal a fresh recomputation of its sequence."""
+    return torch.allclose(ctx.logits()[0], fresh_row(lm, ctx.ids), atol=ATOL)
+
+
 def assert_consistent(side) -> None:
-    """The side's next-token logits equal a fresh recomputation of its sequence."""
-    assert torch.allclose(side.ctx.logits()[0], fresh_row(side.lm, side.ctx.ids), atol=ATOL)
+    assert consistent(side.ctx, side.lm)
 
 
 def fake_greedy(target, prompt: list[int], n: int) -> list[int]:
@@ -99,6 +103,13 @@ async def run_sessions(draft_lm, target_lm, prompt, config, link=None):
         first = await cloud_channel.recv()
         cfg, ids, _ = parse_start(first)
         session = CloudSession(cloud_channel, target_lm, cfg, ids)
+        ctx, release = session.verifier.ctx, session.verifier.ctx.release
+
+        def check_then_release():  # the cloud frees its KV when the device ends the session
+            session.consistent_at_end = consistent(ctx, target_lm)
+            release()
+
+        ctx.release = check_then_release
         await session.run()
         return session
 
@@ -121,7 +132,7 @@ def test_async_run_leaves_both_caches_consistent(tiny_lm, tiny_target, prompt_id
     assert cloud.stats["stale_requests"] > 0  # blocks were in flight when rejections came
     assert device.drafter.committed[: cloud.verifier.frontier] == cloud.verifier.committed
     assert_consistent(device.drafter)
-    assert_consistent(cloud.verifier)
+    assert cloud.consistent_at_end and cloud.verifier.ctx.state is None
 
 
 def test_a_rejection_preempts_the_draft_step_in_flight():

