@@ -283,21 +283,25 @@ def sign_test_p(better: int, worse: int) -> float:
     return min(1.0, 2 * tail)
 
 
-def paired_quality(rows: list[dict[str, Any]], group: str) -> dict[tuple, dict[str, Any]]:
-    """Per (group value, method): each task's quality minus LC's on the same task and seed,
-    averaged over the seeds (the task is the unit: its seeds are not independent tasks).
-    Counts of tasks better / worse / tied, the mean difference with a 95% interval (normal
-    approximation over tasks) and the sign test's p-value: whether "quality >= LC's" can be
-    told apart from noise on this task set."""
-    lc = {
-        (r[group], r["task"], r.get("seed", 0)): r["quality"] for r in rows if r["method"] == "lc"
+def paired_quality(
+    rows: list[dict[str, Any]], group: str, reference: str = "lc"
+) -> dict[tuple, dict[str, Any]]:
+    """Per (group value, method): each task's quality minus the `reference` method's (LC, or
+    RAG for the upward target) on the same task and seed, averaged over the seeds (the task is
+    the unit: its seeds are not independent tasks). Counts of tasks better / worse / tied, the
+    mean difference with a 95% interval (normal approximation over tasks) and the sign test's
+    p-value: whether "quality >= the reference's" can be told apart from noise here."""
+    ref = {
+        (r[group], r["task"], r.get("seed", 0)): r["quality"]
+        for r in rows
+        if r["method"] == reference
     }
     per_task: dict[tuple, dict[str, list[float]]] = {}
     for r in rows:
         key = (r[group], r["task"], r.get("seed", 0))
-        if r["method"] != "lc" and key in lc:
+        if r["method"] != reference and key in ref:
             tasks = per_task.setdefault((r[group], r["method"]), {})
-            tasks.setdefault(r["task"], []).append(r["quality"] - lc[key])
+            tasks.setdefault(r["task"], []).append(r["quality"] - ref[key])
     out = {}
     for key, by_task in per_task.items():
         ds = [statistics.mean(d) for d in by_task.values()]
@@ -627,10 +631,11 @@ def run(
         row["context"] = _bucket(row["context_tokens"], contexts)
     summary = aggregate(rows, ("context", "method"))
     add_ratios(summary, "context")
-    paired = paired_quality(rows, "context")
-    for s in summary:
-        if (s["context"], s["method"]) in paired:
-            s["quality_vs_lc"] = paired[s["context"], s["method"]]
+    for reference in ("lc", "rag"):  # quality_vs_rag: the upward target's other half
+        paired = paired_quality(rows, "context", reference)
+        for s in summary:
+            if (s["context"], s["method"]) in paired:
+                s[f"quality_vs_{reference}"] = paired[s["context"], s["method"]]
     model_fit = cost_model(costs, summary, gamma=gamma) if "rapid-exact" in methods else {}
     sweep = aggregate(sweep_rows, ("retrieval", "method", "eta")) if sweep_rows else []
     swept = {r["task"] for r in sweep_rows}  # compare with LC on the same (swept) tasks

@@ -94,6 +94,7 @@ def test_bench_runs_on_shared_contexts_and_reuses_the_saved_prefill(tmp_path):
         assert (q is None) == (s["method"] == "lc")
         assert q is None or q["better"] + q["worse"] + q["tied"] == q["tasks"] == s["tasks"]
         assert s["samples"] == s["tasks"] == len(tasks)
+        assert (s.get("quality_vs_rag") is None) == (s["method"] == "rag")  # and with RAG
     second = run(**kw, methods=("lc", "rapid-exact"), name="again")
     assert second["prefill"][900]["loaded_from_cache"] is True
     assert second["prefill"][900]["prefill_s"] == pytest.approx(first["prefill"][900]["prefill_s"])
@@ -146,6 +147,9 @@ def test_paired_quality_compares_each_task_with_lc_on_the_same_task():
     assert one["sign_test_p"] == 1.0
     assert out[2, "x"]["better"] == 1 and out[2, "x"]["ci95"] is None  # one task: no interval
     assert (1, "lc") not in out
+    by_x = paired_quality(rows, "context", reference="x")  # another reference: RAG, say
+    assert by_x[1, "lc"]["mean_delta"] == pytest.approx(-one["mean_delta"])
+    assert (by_x[1, "lc"]["better"], by_x[1, "lc"]["worse"]) == (1, 1) and (1, "x") not in by_x
 
 
 def test_paired_quality_averages_a_tasks_seeds_before_counting_it():
