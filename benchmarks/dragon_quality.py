@@ -380,9 +380,11 @@ def run(
 
     from benchmarks.report import save_json
     from tandem.models.registry import load_model
+    from tandem.testbed.cpus import machine_state
 
     if config.split not in SPLITS:
         raise ValueError(f"split must be one of {', '.join(SPLITS)}")
+    machine = {"before": machine_state()}  # cpu set, threads, load average; "after" below
     console = Console()
     lm = load_model(model, progress=progress)
     passages = stdlib_passages(lm.tokenizer, config)
@@ -399,9 +401,11 @@ def run(
             bar.console.log(f"{passage.name}: {results[-1].seconds:.1f} s")
             bar.advance(task)
     summary = summarize(results, config.ks)
+    machine["after"] = machine_state(lm)
     payload = {
         "figure": "DRAGON Fig. 5 (perplexity vs retrieved documents per side)",
         "model": model,
+        "machine": machine,
         "config": asdict(config),
         "data": {
             "corpus": "stdlib docstrings (tandem.retrieval.stdlib), 64-token chunks, MiniLM flat "
