@@ -359,9 +359,9 @@ class LlamaCppLM:
 
     def free(self, state: State) -> None:
         """Give a state's rows back to the cache now, not when the state is collected (which
-        an exception's traceback or a reference cycle can delay past the next session's
-        prefill, and where a row's cells lie changes its logits a little: NUMERICS). The
-        state is unusable afterwards."""
+        a reference cycle or a traceback can delay past the next session's prefill, and where
+        a row's cells lie changes its logits a little: NUMERICS). The state is unusable
+        afterwards."""
         rows = state.cache
         if not isinstance(rows, _Rows) or not rows.seqs:
             return
