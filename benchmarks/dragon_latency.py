@@ -41,15 +41,22 @@ from benchmarks.report import Machines, new_figure, save_json, save_png
 from tandem.testbed.cpus import loadavg
 
 METHODS = ("crcg-device", "crcg-cloud", "drcg-text", "drcg-kv", "drdg-sw", "drdg-tw", "dragon")
-# Not the paper's: DRAGON with one decode row per side holding all its documents
-# (DragonConfig.rows = "side"); run only when asked for (--method dragon-side).
-EXTRA_METHODS = ("dragon-side",)
+# Not the paper's, run only when asked for: DRAGON with one decode row per side holding all its
+# documents (DragonConfig.rows = "side"), and the same with static relevance weights (the
+# retrieval scores, as Fig. 5's perplexity bench weighs documents; no re-scoring while decoding)
+EXTRA_METHODS = ("dragon-side", "dragon-side-static")
 LABELS = {
     "crcg-device": "CRCG/Device", "crcg-cloud": "CRCG/Cloud", "drcg-text": "DRCG/Text",
     "drcg-kv": "DRCG/KV", "drdg-sw": "DRDG/SW", "drdg-tw": "DRDG/TW", "dragon": "DRAGON",
     "dragon-side": "DRAGON, 1 row/side (ours)",
+    "dragon-side-static": "DRAGON, 1 row/side, static weights (ours)",
 }  # fmt: skip
-DRAGONS = ("dragon", "dragon-side")
+# every DRAGON variant the bench runs: its DragonConfig fields beyond the bench's own
+DRAGONS = {
+    "dragon": {},
+    "dragon-side": {"rows": "side"},
+    "dragon-side-static": {"rows": "side", "scorer": "static"},
+}
 
 
 def prepare_indexes(model: str, public: str, private: str | None) -> tuple[Path, Path]:
@@ -70,12 +77,12 @@ def bench_config(tokens: int, seed: int = 0, method: str = "dragon"):
 
     return DragonConfig(
         max_new_tokens=tokens, temperature=0.0, seed=seed, stop_at_eos=False, timeline=True,
-        rows="side" if method == "dragon-side" else "documents",
+        **DRAGONS.get(method, {}),
     )  # fmt: skip
 
 
 def _run(bed, method: str, question: str, tokens: int) -> dict:
-    """One generation; `dragon-side` is the dragon method with one row per side."""
+    """One generation; every DRAGONS variant runs as the dragon method with its config."""
     worker_method = "dragon" if method in DRAGONS else method
     record = bed.run(worker_method, question, bench_config(tokens, method=method))
     return {**record, "method": method}
@@ -255,7 +262,7 @@ def run(
         for delay in delays for method in methods
     ]  # fmt: skip
     theory = theorem_rows(runs, delays)
-    timeline = timeline_rows(runs, delays)
+    timeline = timeline_rows(runs, delays, [m for m in methods if m in DRAGONS])
     headline = targets(rows, theory)
     payload = {
         "setup": {

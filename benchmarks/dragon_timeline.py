@@ -18,12 +18,13 @@ from tandem.protocols.dragon.profiler import CRITICAL, PHASES, STARTUP
 SIDE_KEYS = {"device": "timeline", "cloud": "peer_timeline"}
 
 
-def timeline_rows(runs: list[dict], delays) -> list[dict]:
-    """One row per (delay, side): mean ms/token of every critical part and busy phase over
-    the DRAGON runs at that delay, and their shares of the mean gap."""
+def timeline_rows(runs: list[dict], delays, methods=("dragon",)) -> list[dict]:
+    """One row per (method, delay, side) of the DRAGON `methods` that ran: mean ms/token of
+    every critical part and busy phase over that method's runs at that delay, and their
+    shares of the mean gap."""
     rows = []
-    for delay in delays:
-        dragon = [r for r in runs if r["method"] == "dragon" and r["delay_ms"] == delay]
+    for method, delay in ((m, d) for m in methods for d in delays):
+        dragon = [r for r in runs if r["method"] == method and r["delay_ms"] == delay]
         for side, key in SIDE_KEYS.items():
             found = [r["summary"].get(key) for r in dragon]
             found = [t for t in found if t and t.get("tokens", 0) > 1]
@@ -42,7 +43,8 @@ def timeline_rows(runs: list[dict], delays) -> list[dict]:
             }
             rows.append(
                 {
-                    "delay_ms": delay, "side": side, "runs": len(found), "mean_gap_ms": gap,
+                    "method": method, "delay_ms": delay, "side": side, "runs": len(found),
+                    "mean_gap_ms": gap,
                     "ttft_ms": statistics.fmean(t["ttft_ms"]["gap_ms"] for t in found),
                     "critical_ms_per_token": critical, "work_ms_per_token": work, "cpu": cpu,
                     "startup_ms": {
@@ -61,11 +63,14 @@ def print_timeline(console, rows: list[dict]) -> None:
     if not rows:
         return
     table = Table(title="DRAGON per-token timeline (ms/token after the first; share of the gap)")
-    for col in ("delay", "side", "gap", *CRITICAL, *PHASES):
+    for col in ("method", "delay", "side", "gap", *CRITICAL, *PHASES):
         table.add_column(col, justify="right")
     for row in rows:
         parts = {**row["critical_ms_per_token"], **row["work_ms_per_token"]}
         shares = {**row["critical_share"], **row["work_share"]}
         cells = [f"{parts[p]:.0f} ({shares.get(p, 0):.0%})" for p in (*CRITICAL, *PHASES)]
-        table.add_row(f"+{row['delay_ms']:.0f}", row["side"], f"{row['mean_gap_ms']:.0f}", *cells)
+        table.add_row(
+            row.get("method", "dragon"), f"+{row['delay_ms']:.0f}", row["side"],
+            f"{row['mean_gap_ms']:.0f}", *cells,
+        )  # fmt: skip
     console.print(table)

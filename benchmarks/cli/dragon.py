@@ -29,8 +29,9 @@ def latency(
     methods: list[str] = typer.Option(
         None,
         "--method",
-        help="Methods (repeat; default all but dragon-side): crcg-device, crcg-cloud, "
-        "drcg-text, drcg-kv, drdg-sw, drdg-tw, dragon, dragon-side (ours: one row per side).",
+        help="Methods (repeat; default all but the dragon-side ones): crcg-device, crcg-cloud, "
+        "drcg-text, drcg-kv, drdg-sw, drdg-tw, dragon, dragon-side (ours: one row per side), "
+        "dragon-side-static (ours: one row per side, retrieval scores as weights).",
     ),  # fmt: skip
     public: str = PUBLIC,
     private: str = PRIVATE,

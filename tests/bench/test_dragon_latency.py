@@ -28,6 +28,42 @@ def test_cli_commands_are_registered():
         assert result.exit_code == 0 and "--quick" in result.output and "--out" in result.output
 
 
+def test_dragon_variants_run_the_dragon_method_with_their_config():
+    from benchmarks.dragon_latency import DRAGONS, EXTRA_METHODS, LABELS, bench_config
+
+    assert set(EXTRA_METHODS) <= set(DRAGONS) and set(DRAGONS) <= set(LABELS)
+    paper, side, static = (bench_config(8, method=m) for m in DRAGONS)
+    assert (paper.rows, paper.scorer) == ("documents", "embedding")
+    assert (side.rows, side.scorer) == ("side", "embedding")
+    assert (static.rows, static.scorer) == ("side", "static")
+    assert bench_config(8, method="crcg-device") == paper  # baselines: the bench's defaults
+    assert all(c.timeline and c.max_new_tokens == 8 for c in (paper, side, static))
+
+
+def test_timeline_rows_are_kept_apart_per_dragon_variant():
+    from benchmarks.dragon_timeline import timeline_rows
+    from tandem.protocols.dragon.profiler import CRITICAL, PHASES, STARTUP
+
+    def timeline(gap):
+        return {
+            "tokens": 4, "mean_gap_ms": gap, "ttft_ms": {"gap_ms": 100.0},
+            "critical_ms_per_token": dict.fromkeys(CRITICAL, gap / len(CRITICAL)),
+            "work_ms_per_token": dict.fromkeys(PHASES, 1.0),
+            "cpu_ms_per_token": {"decode": 1.0}, "startup_cpu_ms": {"prefill": 1.0},
+            "startup_ms": dict.fromkeys(STARTUP, 1.0),
+        }  # fmt: skip
+
+    runs = [
+        {"method": m, "delay_ms": 0.0, "summary": {"timeline": timeline(g), "peer_timeline": None}}
+        for m, g in (("dragon", 100.0), ("dragon-side", 50.0), ("crcg-device", 10.0))
+    ]
+    rows = timeline_rows(runs, [0.0], ["dragon", "dragon-side"])
+    assert [(r["method"], r["side"], r["mean_gap_ms"]) for r in rows] == [
+        ("dragon", "device", 100.0),
+        ("dragon-side", "device", 50.0),
+    ]
+
+
 @pytest.mark.slow
 def test_quick_latency_and_ttft_runs(tmp_path, monkeypatch):
     from benchmarks import dragon_latency, dragon_ttft
@@ -42,7 +78,8 @@ def test_quick_latency_and_ttft_runs(tmp_path, monkeypatch):
         corpora[name] = str(folder)
     out = tmp_path / "out"
     common = {"out": out, "quick": True, "model": "tiny-qwen2", "net_name": "tandem-dbtest"}
-    latency = dragon_latency.run(delays=(0.0, 20.0), tokens=4, **common, **corpora)
+    methods = (*dragon_latency.METHODS, "dragon-side-static")
+    latency = dragon_latency.run(delays=(0.0, 20.0), tokens=4, methods=methods, **common, **corpora)
     saved = json.loads((out / "dragon_latency.json").read_text())
     assert (out / "dragon_latency.png").stat().st_size > 0
     assert saved["setup"]["network"]["mode"] in ("netns", "loopback")
@@ -53,7 +90,7 @@ def test_quick_latency_and_ttft_runs(tmp_path, monkeypatch):
         assert seen["cpus"] == sets[role] and seen["engine_threads"] == len(sets[role])
     runs = latency["runs"]
     assert {(r["method"], r["delay_ms"]) for r in runs} == {
-        (m, d) for m in dragon_latency.METHODS for d in (0.0, 20.0)
+        (m, d) for m in methods for d in (0.0, 20.0)
     }
     assert all(len(r["tokens"]) == 4 and len(r["token_times"]) == 4 for r in runs)
     by = {(r["method"], r["delay_ms"]): r["tokens"] for r in runs}
@@ -66,8 +103,13 @@ def test_quick_latency_and_ttft_runs(tmp_path, monkeypatch):
     for run in (r for r in saved["runs"] if r["method"] == "dragon"):
         for key in ("timeline", "peer_timeline"):
             assert run["summary"][key]["tokens"] == 4
-    rows = {(r["delay_ms"], r["side"]): r for r in saved["timeline"]}
-    assert set(rows) == {(d, s) for d in (0.0, 20.0) for s in ("device", "cloud")}
+    rows = {(r["method"], r["delay_ms"], r["side"]): r for r in saved["timeline"]}
+    assert set(rows) == {
+        (m, d, s)
+        for m in ("dragon", "dragon-side-static")
+        for d in (0.0, 20.0)
+        for s in ("device", "cloud")
+    }
     assert all(r["work_ms_per_token"]["decode"] > 0 for r in rows.values())
 
     ttft = dragon_ttft.run(delays=(0.0,), **common, **corpora)
