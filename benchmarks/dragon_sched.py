@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tandem.protocols.dragon.config import CLOUD, DEVICE, SIDES, peer_of
+from tandem.protocols.dragon.config import CLOUD, DEVICE, SIDES, DragonConfig, peer_of
 from tandem.protocols.dragon.machine import (
     Committed,
     SendDraft,
@@ -120,7 +120,7 @@ class DecodeTimes:
 @dataclass(frozen=True, kw_only=True)
 class SimConfig:
     tokens: int = 100
-    lookahead: int = 8
+    lookahead: int = DragonConfig.lookahead  # the live default (8 until 2026-11-26)
     acceptance_ema: float = 0.3
     slope_weight: float = 0.1
     rtt_probe_s: float = 0.5
@@ -456,12 +456,14 @@ class SchedConfig:
     acceptance_ema: float = 0.3  # the live default (DragonConfig.acceptance_ema)
     switch_margin_s: float = 0.0  # the live default (DragonConfig.switch_margin_s)
     recorded_rates: bool = True  # False: the tracker learns 0/1 outcomes (older recordings)
+    lookahead: int = DragonConfig.lookahead  # the live default (8 until 2026-11-26)
     seed: int = 0
 
     @property
     def sim(self) -> SimConfig:
         return SimConfig(
             tokens=self.tokens,
+            lookahead=self.lookahead,
             acceptance_ema=self.acceptance_ema,
             switch_margin_s=self.switch_margin_s,
             recorded_rates=self.recorded_rates,

@@ -71,6 +71,9 @@ def scheduling(
     zero_one_rates: bool = typer.Option(
         False, "--zero-one-rates", help="Scheduler learns 0/1 outcomes, not recorded Eq. 5 rates."
     ),
+    lookahead: int = typer.Option(
+        0, "--lookahead", min=0, help="Drafts a side keeps ahead (0: DragonConfig's default)."
+    ),
     name: str = typer.Option("dragon_sched", "--name", help="Result file name (no suffix)."),
     quick: bool = typer.Option(False, "--quick", help="Tiny models, 10 traces (~1 min)."),
     device_cpus: str = DEVICE_CPUS,
@@ -84,9 +87,10 @@ def scheduling(
     from benchmarks.dragon_sched import QUESTIONS, SchedConfig, record, run
 
     torch.set_num_threads(1)
+    ahead = {"lookahead": lookahead} if lookahead else {}
     config = SchedConfig(
         traces=traces, tokens=tokens, acceptance_ema=acceptance_ema,
-        switch_margin_s=switch_margin, recorded_rates=not zero_one_rates,
+        switch_margin_s=switch_margin, recorded_rates=not zero_one_rates, **ahead,
     )  # fmt: skip
     questions = QUESTIONS
     if quick:
@@ -95,7 +99,7 @@ def scheduling(
         config = SchedConfig(
             traces=min(traces, 10), tokens=min(tokens, 50), extras_s=(0.0, 0.2),
             acceptance_ema=acceptance_ema, switch_margin_s=switch_margin,
-            recorded_rates=not zero_one_rates,
+            recorded_rates=not zero_one_rates, **ahead,
         )  # fmt: skip
     path = recording or out / TRACES_FILE
     cpus = role_cpus(device_cpus, cloud_cpus)

@@ -57,6 +57,25 @@ def test_both_rejected_costs_table_1_per_token(rtt):
     assert cloud.per_token[0] == pytest.approx(max(c_cloud, c_device + rtt / 2) + rtt / 2)
 
 
+def test_a_lookahead_shorter_than_a_round_trip_stalls_the_drafting_side():
+    """Every draft accepted, the cloud aggregating, 0.6 s round trips, 40 ms decodes: the device
+    may draft only `lookahead` positions past the last target it knows, so with 8 it drafts 8
+    tokens per round trip plus a decode (the cloud waits for each of its drafts), with 32 it
+    keeps up and the per-token time falls to the decode's."""
+    c, rtt, n = 0.04, 0.6, 120
+    decode = DecodeTimes.constant(c, c)
+    per_token = {
+        ahead: simulate(
+            constant_trace(True, True, n), decode, still(rtt), "cloud",
+            SimConfig(tokens=n, lookahead=ahead),
+        ).per_token
+        for ahead in (8, 32)
+    }  # fmt: skip
+    steady = {ahead: float(np.mean(times[40:])) for ahead, times in per_token.items()}
+    assert steady[8] == pytest.approx((rtt + c) / 8, rel=0.05)
+    assert steady[32] == pytest.approx(c, rel=0.05)
+
+
 @pytest.mark.parametrize("rtt", [0.05, 0.4])
 def test_lookahead_one_on_the_device_is_token_wise_synchronisation(rtt):
     """docs/dragon.md: DRDG/TW has DRAGON's timing with lookahead 1 and the device aggregating."""
@@ -132,10 +151,18 @@ def test_cli_replays_a_recording_without_a_model(tmp_path):
     result = CliRunner().invoke(app, [*args, "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     payload = json.loads((tmp_path / "dragon_sched.json").read_text())
+    from tandem.protocols.dragon import DragonConfig
+
+    assert payload["config"]["sim"]["lookahead"] == DragonConfig().lookahead  # the live default
     cell = payload["summary"]["as measured"]["0.2"]
     assert set(STRATEGIES) <= set(cell) and cell["dragon_vs_best_other"] > 0
     assert payload["recording"]["acceptance_rate"]["device"] == pytest.approx(0.5)
     assert (tmp_path / "dragon_sched.png").is_file()
+    eight = CliRunner().invoke(
+        app, [*args, "--lookahead", "8", "--name", "l8", "--out", str(tmp_path)]
+    )
+    assert eight.exit_code == 0, eight.output
+    assert json.loads((tmp_path / "l8.json").read_text())["config"]["sim"]["lookahead"] == 8
     bad = CliRunner().invoke(app, ["perplexity", "--split", "nope", "--out", str(tmp_path)])
     assert bad.exit_code != 0 and "split" in str(bad.exception)
 
