@@ -49,8 +49,8 @@ class DragonConfig:
     codec_params: dict[str, float] = field(default_factory=lambda: {"p": 0.8})
     strategy: str = "dragon"
     # most unresolved drafts a side keeps ahead of the target sequence; it must cover a round
-    # trip in decode steps or the drafting side stalls waiting for resolutions (8 held DRAGON
-    # to ~8 tokens per round trip: 2.3x device-only at 300 ms one-way, 32: 1.4x)
+    # trip in decode steps or the drafting side stalls waiting for resolutions (8 drafts per
+    # round trip at most; docs/dragon.md, "Drafting ahead of a round trip")
     lookahead: int = 32
     scorer: str = "embedding"  # dynamic relevance: embedding | bm25 | static (retrieval scores)
     relevance_interval: int = 4  # re-score the documents every this many tokens
