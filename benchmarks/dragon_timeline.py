@@ -24,9 +24,9 @@ def timeline_rows(runs: list[dict], delays, methods=("dragon",)) -> list[dict]:
     shares of the mean gap."""
     rows = []
     for method, delay in ((m, d) for m in methods for d in delays):
-        dragon = [r for r in runs if r["method"] == method and r["delay_ms"] == delay]
+        chosen = [r for r in runs if r["method"] == method and r["delay_ms"] == delay]
         for side, key in SIDE_KEYS.items():
-            found = [r["summary"].get(key) for r in dragon]
+            found = [r["summary"].get(key) for r in chosen]
             found = [t for t in found if t and t.get("tokens", 0) > 1]
             if not found:
                 continue
@@ -70,7 +70,7 @@ def print_timeline(console, rows: list[dict]) -> None:
         shares = {**row["critical_share"], **row["work_share"]}
         cells = [f"{parts[p]:.0f} ({shares.get(p, 0):.0%})" for p in (*CRITICAL, *PHASES)]
         table.add_row(
-            row.get("method", "dragon"), f"+{row['delay_ms']:.0f}", row["side"],
+            row["method"], f"+{row['delay_ms']:.0f}", row["side"],
             f"{row['mean_gap_ms']:.0f}", *cells,
         )  # fmt: skip
     console.print(table)

@@ -85,12 +85,13 @@ def scheduling(
     import torch
 
     from benchmarks.dragon_sched import QUESTIONS, SchedConfig, record, run
+    from tandem.protocols.dragon.config import DragonConfig
 
     torch.set_num_threads(1)
-    ahead = {"lookahead": lookahead} if lookahead else {}
+    lookahead = lookahead or DragonConfig.lookahead
     config = SchedConfig(
         traces=traces, tokens=tokens, acceptance_ema=acceptance_ema,
-        switch_margin_s=switch_margin, recorded_rates=not zero_one_rates, **ahead,
+        switch_margin_s=switch_margin, recorded_rates=not zero_one_rates, lookahead=lookahead,
     )  # fmt: skip
     questions = QUESTIONS
     if quick:
@@ -99,7 +100,7 @@ def scheduling(
         config = SchedConfig(
             traces=min(traces, 10), tokens=min(tokens, 50), extras_s=(0.0, 0.2),
             acceptance_ema=acceptance_ema, switch_margin_s=switch_margin,
-            recorded_rates=not zero_one_rates, **ahead,
+            recorded_rates=not zero_one_rates, lookahead=lookahead,
         )  # fmt: skip
     path = recording or out / TRACES_FILE
     cpus = role_cpus(device_cpus, cloud_cpus)
