@@ -52,6 +52,11 @@ class DragonConfig:
     # trip in decode steps or the drafting side stalls waiting for resolutions (8 drafts per
     # round trip at most; docs/dragon.md, "Drafting ahead of a round trip")
     lookahead: int = 32
+    # branch drafts: a side that does not aggregate, seeing the peer's draft differ from its
+    # own, drafts the next position after the peer's token too, so a rejection there costs
+    # the aggregator no round trip (only when the round trip exceeds two of its decodes;
+    # machine.py, "Branch drafts"; the output does not depend on it)
+    branch: bool = True
     scorer: str = "embedding"  # dynamic relevance: embedding | bm25 | static (retrieval scores)
     relevance_interval: int = 4  # re-score the documents every this many tokens
     relevance_temperature: float = 0.1  # relevance logits = similarity / temperature

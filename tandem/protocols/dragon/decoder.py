@@ -277,12 +277,41 @@ class DocDecoder:
     def law(self) -> SideLaw:
         """The side law after the tokens held now."""
         assert self.state is not None and self.state.logits is not None
+        return self._law_of(self.state.logits, self.tokens)
+
+    def _law_of(self, logits: torch.Tensor, tokens: list[int]) -> SideLaw:
         began = time.perf_counter()
-        scores = self.relevance.scores(self.tokens)
+        scores = self.relevance.scores(tokens)
         began = self._clock("relevance", began)
         if self.num_rows == len(scores):
-            law = side_law(self.state.logits, scores, self.temperature)
+            law = side_law(logits, scores, self.temperature)
         else:  # one row holds every document: its law, weighted by all documents' relevance
-            law = joined_side_law(self.state.logits, scores, self.temperature)
+            law = joined_side_law(logits, scores, self.temperature)
         self._clock("law", began)
         return law
+
+    def fork_law(
+        self, tokens: list[int], cancel: threading.Event | None = None
+    ) -> tuple[SideLaw, int]:
+        """(side law after `tokens`, context length) where `tokens` = a prefix of the tokens
+        held + one more token, computed on a copy of the rows: the state is left as it is
+        (llama.cpp shares the prefix's cells, transformers copies them). A branch draft's law.
+
+        Raises `Cancelled` when `cancel` fires."""
+        assert self.state is not None and self.state.logits is not None
+        keep = len(tokens) - 1
+        if keep > len(self.tokens) or self.tokens[:keep] != tokens[:keep]:
+            raise ValueError("fork_law: tokens must extend a prefix of the tokens held by one")
+        began, cpu = time.perf_counter(), time.thread_time()
+        fork = self.lm.stack([self.state])
+        try:
+            if keep < len(self.tokens):
+                self.lm.crop(fork, self.prompt_len + keep)
+            self.lm.decode(fork, [[tokens[-1]]] * self.num_rows, cancel=cancel)
+            logits, context = fork.logits, max(fork.lengths)
+        finally:
+            free = getattr(self.lm, "free", None)
+            if free is not None:
+                free(fork)
+            self._clock("decode", began, cpu)
+        return self._law_of(logits, tokens), context

@@ -17,7 +17,9 @@ Words used here (see `session.py` for the whole picture):
 Events (methods) and what they do:
 
     own_draft(d)        queue it, send it to the peer, try to aggregate
-    peer_draft(d)       drop if stale, else queue it, try to aggregate
+    own_branch(d)       keep it (until its position is resolved), send it to the peer
+    peer_draft(d)       drop if stale, else queue it (a branch draft: keep it, or queue it
+                        if the rejection it waits for already happened), try to aggregate
     target(t, x)        the peer aggregated position t to x: resolve
     switch(t, x, side)  the same, and `side` aggregates from t + 1 on
     link_lost(reason)   device: degrade (its own drafts become the target tokens, no token
@@ -25,8 +27,21 @@ Events (methods) and what they do:
 
 Actions (returned in the order they must happen): `SendDraft`, `SendTarget`, `SendSwitch`
 (to the peer), `Committed` (a position is resolved: tell the decoder, show the token),
-`Decided` (the scheduler's inputs and output, for the report), `Finished` (length, eos or
-aborted). After `Finished` every event returns no action.
+`Decided` (the scheduler's inputs and output, for the report), `MakeBranch` (ask the decoder
+for a branch draft), `Finished` (length, eos or aborted). After `Finished` every event
+returns no action.
+
+Branch drafts (`branch=True`; queues.py defines them). A side that does not aggregate learns
+that its draft at t was rejected a one-way trip after the aggregator knew, and only then
+decodes the target token and sends its next draft: the aggregator waits a round trip plus a
+decode. When the peer's draft at t arrives and differs from its own, the side therefore asks
+its decoder for the draft at t + 1 after the peer's token (`MakeBranch`), if the round trip
+it may save exceeds `BRANCH_RTT_FACTOR` decodes it costs. Both machines keep branch drafts
+aside; when a side's draft at t is rejected with target x, its branch (t, x) becomes the first
+draft of its new epoch on both sides (`Committed.adopted` tells the decoder), so the
+aggregator can resolve t + 1 without waiting for a redraft. Which draft is used never changes
+what is drawn: the branch is drawn with the same position seed from the side's law after the
+same prefix, so the output is the one without branches (timing only).
 """
 
 from __future__ import annotations
@@ -40,6 +55,10 @@ from tandem.protocols.dragon.config import CLOUD, DEVICE, SIDES, peer_of
 from tandem.protocols.dragon.profiler import AcceptanceTracker, LatencyModel
 from tandem.protocols.dragon.queues import Draft, DraftQueue
 from tandem.protocols.dragon.scheduler import Decision, Estimates, Scheduler
+
+# a side branches when the round trip it may save exceeds this many of its own decodes (the
+# branch is used about half the time: when the peer's token wins the disagreement)
+BRANCH_RTT_FACTOR = 2.0
 
 
 class Rule(Protocol):
@@ -94,6 +113,14 @@ class Committed:
     accepted: dict[str, bool]  # side -> its queued draft equalled the token
     epoch: int  # this side's epoch after the resolution (the decoder rolls back to it)
     rates: dict[str, float] | None = None  # what the acceptance tracker learnt (if aggregated)
+    adopted: int | None = None  # this side's branch draft token now queued at position + 1
+
+
+@dataclass(frozen=True)
+class MakeBranch:
+    position: int  # t: the decoder drafts t + 1 after its own chain up to t - 1 and `token`
+    token: int  # the peer's draft at t
+    epoch: int  # this side's epoch now (the branch belongs to epoch + 1)
 
 
 @dataclass(frozen=True)
@@ -108,7 +135,7 @@ class Finished:
     reason: str  # "length" | "eos" | "aborted"
 
 
-Action = SendDraft | SendTarget | SendSwitch | Committed | Decided | Finished
+Action = SendDraft | SendTarget | SendSwitch | Committed | Decided | MakeBranch | Finished
 
 
 class SideMachine:
@@ -125,10 +152,12 @@ class SideMachine:
         acceptance_ema: float,
         slope_weight: float,
         eos_id: int | None = None,
+        branch: bool = False,
     ):
         """`latency`: the starting decode-cost model of each side (updated from every draft
         seen); `rtt`: the driver's current round-trip estimate for one aggregation (seconds),
-        read only when the scheduler decides."""
+        read when the scheduler decides and before asking for a branch; `branch`: ask for
+        branch drafts (module docstring)."""
         self.role, self.peer = role, peer_of(role)
         self.rule, self.scheduler, self.rtt = rule, scheduler, rtt
         self.max_new_tokens, self.eos_id = max_new_tokens, eos_id
@@ -146,6 +175,13 @@ class SideMachine:
         self.drafts_dropped = dict.fromkeys(SIDES, 0)
         self.switches: list[tuple[int, str]] = []  # (position, new aggregator)
         self.decode_times: dict[str, list[tuple[int, float]]] = {side: [] for side in SIDES}
+        self.branch = branch
+        self.branches: dict[str, dict[tuple[int, int], Draft]] = {side: {} for side in SIDES}
+        # side -> (epoch, position, token) of the rejection that started its current epoch
+        self.last_rejection: dict[str, tuple[int, int, int] | None] = dict.fromkeys(SIDES)
+        self.branch_asked: set[tuple[int, int, int]] = set()  # (epoch, t, x) asked for
+        self.branches_made = 0
+        self.branches_adopted = dict.fromkeys(SIDES, 0)
 
     # ---- events -----------------------------------------------------------------------
 
@@ -156,11 +192,25 @@ class SideMachine:
         self.queues[self.role].push(draft)
         self.drafts_made += 1
         self._observe(draft)
-        return [SendDraft(draft), *self._aggregate()]
+        return [SendDraft(draft), *self._aggregate(), *self._maybe_branch(draft.position)]
+
+    def own_branch(self, draft: Draft) -> list[Action]:
+        """A branch draft from this side's decoder: kept aside and sent, unless the epoch it
+        was made in is over (its position resolved, or an earlier rejection)."""
+        assert draft.branch_of is not None and draft.side == self.role, draft
+        if self.finished or self.degraded or not self._branch_pending(self.role, draft):
+            self.drafts_dropped[self.role] += 1
+            return []
+        self.branches[self.role][draft.branch_of] = draft
+        self.branches_made += 1
+        self._observe(draft)
+        return [SendDraft(draft)]
 
     def peer_draft(self, draft: Draft) -> list[Action]:
         if self.finished:
             return []
+        if draft.branch_of is not None:
+            return self._peer_branch(draft)
         expected = self.epochs[self.peer]
         if draft.epoch > expected:
             raise ValueError(f"draft from epoch {draft.epoch}, expected {expected}")
@@ -169,7 +219,7 @@ class SideMachine:
             return []
         self.queues[self.peer].push(draft)
         self._observe(draft)
-        return self._aggregate()
+        return [*self._aggregate(), *self._maybe_branch(draft.position)]
 
     def target(self, position: int, token: int) -> list[Action]:
         if self.finished:
@@ -212,6 +262,52 @@ class SideMachine:
         self.last_context[draft.side] = draft.context
         self.decode_times[draft.side].append((draft.context, draft.decode_s))
 
+    def _branch_pending(self, side: str, draft: Draft) -> bool:
+        """The branch (t, x) of `side` can still be adopted: t is unresolved and `side` is
+        in the epoch the branch was made in."""
+        t, _ = draft.branch_of
+        return t >= len(self.committed) and draft.epoch == self.epochs[side] + 1
+
+    def _peer_branch(self, draft: Draft) -> list[Action]:
+        t, token = draft.branch_of
+        if not self.degraded and self._branch_pending(self.peer, draft):
+            self.branches[self.peer][draft.branch_of] = draft
+            self._observe(draft)
+            return []
+        started = self.last_rejection[self.peer]
+        if (  # it arrived after the rejection it waits for: the peer adopted it too
+            not self.degraded
+            and started == (draft.epoch, t, token)
+            and draft.epoch == self.epochs[self.peer]
+            and draft.position == len(self.committed)
+            and not len(self.queues[self.peer])
+        ):
+            self.queues[self.peer].push(draft)
+            self.branches_adopted[self.peer] += 1
+            self._observe(draft)
+            return [*self._aggregate(), *self._maybe_branch(draft.position)]
+        self.drafts_dropped[self.peer] += 1
+        return []
+
+    def _maybe_branch(self, position: int) -> list[Action]:
+        """`MakeBranch` when both drafts at `position` are here and differ, this side does
+        not aggregate, and the round trip it may save is worth the decode it costs."""
+        if not self.branch or self.finished or self.degraded or self.aggregator == self.role:
+            return []
+        mine, theirs = self.queues[self.role].at(position), self.queues[self.peer].at(position)
+        if mine is None or theirs is None or mine.token == theirs.token:
+            return []
+        key = (self.epochs[self.role], position, theirs.token)
+        if key in self.branch_asked or position + 1 >= self.max_new_tokens:
+            return []
+        if theirs.token == self.eos_id:  # nothing follows it
+            return []
+        own_decode = self.latency[self.role].predict(self.last_context[self.role] + 1)
+        if self.rtt() < BRANCH_RTT_FACTOR * own_decode:
+            return []
+        self.branch_asked.add(key)
+        return [MakeBranch(position, theirs.token, self.epochs[self.role])]
+
     def _aggregate(self) -> list[Action]:
         actions: list[Action] = []
         while not self.finished and self.aggregator == self.role:
@@ -247,12 +343,22 @@ class SideMachine:
         """`Committed` first (with each side's outcome), then `Finished` if this was the last."""
         drafts = {side: self.queues[side].front_at(position) for side in SIDES}
         accepted = {side: d is not None and d.token == token for side, d in drafts.items()}
+        adopted: int | None = None
         for side in SIDES:
             if accepted[side]:
                 self.queues[side].pop()
-            else:
-                self.queues[side].clear()
-                self.epochs[side] += 1
+                continue
+            self.queues[side].clear()
+            self.epochs[side] += 1
+            self.last_rejection[side] = (self.epochs[side], position, token)
+            branch = self.branches[side].pop((position, token), None)
+            if branch is not None and branch.epoch == self.epochs[side] and not self.degraded:
+                self.queues[side].push(branch)
+                self.branches_adopted[side] += 1
+                if side == self.role:
+                    adopted = branch.token
+        for side in SIDES:  # branches at this position or before can no longer be adopted
+            self.branches[side] = {k: d for k, d in self.branches[side].items() if k[0] > position}
         aggregated = not self.degraded and all(d is not None for d in drafts.values())
         rates = None
         if aggregated:
@@ -260,7 +366,9 @@ class SideMachine:
             self.tracker.observe(rates, accepted)
         self.committed.append(token)
         actions: list[Action] = [
-            Committed(position, token, by, aggregated, accepted, self.epochs[self.role], rates)
+            Committed(
+                position, token, by, aggregated, accepted, self.epochs[self.role], rates, adopted
+            )
         ]
         if self.eos_id is not None and token == self.eos_id:
             self.finished = "eos"

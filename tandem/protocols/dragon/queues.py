@@ -7,6 +7,10 @@ Words used here:
 - *epoch*: how many of this side's drafts have been rejected so far. Both sides count the
   same rejections (every target token reaches both), so a draft made before its side learnt
   of a rejection carries an old epoch and is dropped wherever it arrives.
+- *branch draft*: a draft for position t + 1 made on the side's own chain up to t - 1 plus
+  the peer's (different) draft token x at t, before anyone knows the target at t
+  (`branch_of` = (t, x)). It counts as the side's first draft of its next epoch if, and only
+  if, that epoch starts with a rejection at t whose target token is x (`machine.SideMachine`).
 - *draft queue*: the unresolved drafts of one side, in position order. Each side keeps one
   queue per side (its own and the peer's, which the peer broadcasts), so the aggregator can
   move to either side at any time. Resolving position t pops the front draft if it equals the
@@ -39,6 +43,7 @@ class Draft:
     decode_s: float = 0.0  # time to produce this draft (decode + law + codec)
     context: int = 0  # the side's context length when it decoded for this draft
     created: float = field(default_factory=time.perf_counter)
+    branch_of: tuple[int, int] | None = None  # (t, x): a branch draft (module docstring)
 
 
 def make_draft(
@@ -103,6 +108,13 @@ class DraftQueue:
         if self._drafts and self._drafts[0].position == position:
             return self._drafts[0]
         return None
+
+    def at(self, position: int) -> Draft | None:
+        """The queued draft for `position`, if any (nothing is dropped)."""
+        if not self._drafts:
+            return None
+        index = position - self._drafts[0].position
+        return self._drafts[index] if 0 <= index < len(self._drafts) else None
 
     def pop(self) -> Draft:
         return self._drafts.popleft()

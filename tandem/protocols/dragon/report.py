@@ -46,6 +46,8 @@ class SideReport:
     probe_bytes: int = 0  # the one padding burst of the bandwidth probe (in bytes_sent)
     drafts_made: int = 0
     drafts_dropped: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SIDES, 0))
+    branches_made: int = 0  # branch drafts this side made and sent (machine.py)
+    branches_adopted: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SIDES, 0))
     decodes_cancelled: int = 0
     rollbacks: int = 0
     docs: list[tuple[str, float]] = field(default_factory=list)  # (doc id, retrieval score)
@@ -117,6 +119,8 @@ class SideReport:
             "probe_bytes": self.probe_bytes,
             "drafts_made": self.drafts_made,
             "drafts_dropped": self.drafts_dropped,
+            "branches_made": self.branches_made,
+            "branches_adopted": self.branches_adopted,
             "decodes_cancelled": self.decodes_cancelled,
             "rollbacks": self.rollbacks,
             "docs": [list(d) for d in self.docs],

@@ -43,6 +43,7 @@ from tandem.protocols.dragon.machine import (
     Committed,
     Decided,
     Finished,
+    MakeBranch,
     SendDraft,
     SendSwitch,
     SendTarget,
@@ -115,6 +116,7 @@ class DragonSide(SideIO):
             acceptance_ema=config.acceptance_ema,
             slope_weight=config.slope_weight,
             eos_id=self.eos_id,
+            branch=config.branch,
         )
         self.error: BaseException | None = None
         self._seq = 0
@@ -278,7 +280,10 @@ class DragonSide(SideIO):
         if self.done.is_set():  # failed or finished: the draft goes nowhere
             self.machine.drafts_dropped[self.role] += 1
             return
-        self._apply(self.machine.own_draft(draft))
+        if draft.branch_of is not None:
+            self._apply(self.machine.own_branch(draft))
+        else:
+            self._apply(self.machine.own_draft(draft))
 
     def _apply(self, actions: list) -> None:
         for action in actions:
@@ -297,6 +302,8 @@ class DragonSide(SideIO):
                 self._committed(action)
             elif isinstance(action, Decided):
                 self._log_decision(action)
+            elif isinstance(action, MakeBranch):
+                self.worker.request_branch(action.position, action.token, action.epoch)
             elif isinstance(action, Finished):
                 self._finish(action.reason)
 
@@ -307,7 +314,9 @@ class DragonSide(SideIO):
         if c.rates is not None:  # Eq. 5 (0/1 when greedy): what a replay's scheduler must see
             resolution.update({f"rate_{side}": c.rates[side] for side in SIDES})
         self.report.resolutions.append(resolution)
-        self.worker.resolve(c.token, accepted=c.accepted[self.role], epoch=c.epoch)
+        self.worker.resolve(
+            c.token, accepted=c.accepted[self.role], epoch=c.epoch, adopted=c.adopted
+        )
         if self.on_token is not None:
             self.on_token(c.token)
 
@@ -330,6 +339,8 @@ class DragonSide(SideIO):
         report.switches = list(machine.switches)
         report.drafts_made = machine.drafts_made
         report.drafts_dropped = dict(machine.drafts_dropped)
+        report.branches_made = machine.branches_made
+        report.branches_adopted = dict(machine.branches_adopted)
         report.decode_times = {side: list(t) for side, t in machine.decode_times.items()}
         shown = report.tokens[:-1] if report.finish_reason == "eos" else report.tokens
         report.text = self.lm.tokenizer.decode(shown)

@@ -8,7 +8,8 @@
                                when `DragonConfig.timeline`; sent once the cloud is done)
     draft                      DraftTokens: position, tokens = (token,), codec name,
                                distributions = (payload,), arrays["meta"] = float64
-                               [epoch, logweight, decode_s, context]
+                               [epoch, logweight, decode_s, context]; a branch draft also
+                               arrays["branch"] = int64 [t, x] (queues.py)
     target token               TargetToken: position, token, accepted = (device, cloud)
     switch                     SwitchAggregator: position, target_token, aggregator
     failure                    Error, code "dragon"
@@ -49,17 +50,20 @@ def pad_message(seq: int, nbytes: int) -> DraftTokens:
 
 
 def draft_message(seq: int, draft: Draft, codec_name: str) -> DraftTokens:
+    arrays = {
+        "meta": np.array(
+            [draft.epoch, draft.logweight, draft.decode_s, draft.context], dtype=np.float64
+        )
+    }
+    if draft.branch_of is not None:
+        arrays["branch"] = np.array(draft.branch_of, dtype=np.int64)
     return DraftTokens(
         seq=seq,
         position=draft.position,
         tokens=(draft.token,),
         codec=codec_name,
         distributions=(draft.payload,),
-        arrays={
-            "meta": np.array(
-                [draft.epoch, draft.logweight, draft.decode_s, draft.context], dtype=np.float64
-            )
-        },
+        arrays=arrays,
     )
 
 
@@ -72,6 +76,14 @@ def parse_draft(msg: DraftTokens, *, side: str, codec: Codec, vocab_size: int) -
         raise ValueError("DRAGON draft without its [epoch, logweight, decode_s, context]")
     epoch, logweight, decode_s, context = meta.tolist()
     token = int(msg.tokens[0])
+    branch = msg.arrays.get("branch")
+    branch_of = None
+    if branch is not None:
+        if branch.shape != (2,) or branch.dtype.kind not in "iu":
+            raise ValueError("DRAGON branch draft without its [position, token]")
+        branch_of = (int(branch[0]), int(branch[1]))
+        if branch_of[0] + 1 != int(msg.position) or not 0 <= branch_of[1] < vocab_size:
+            raise ValueError(f"DRAGON branch {branch_of} does not precede position {msg.position}")
     sent_probs = codec.decode(msg.distributions[0], vocab_size)
     if not 0 <= token < vocab_size or not sent_probs[token] > 0:
         raise ValueError(f"draft token {token} is not in the support of its sent distribution")
@@ -85,6 +97,7 @@ def parse_draft(msg: DraftTokens, *, side: str, codec: Codec, vocab_size: int) -
         payload=msg.distributions[0],
         decode_s=float(decode_s),
         context=int(context),
+        branch_of=branch_of,
     )
 
 

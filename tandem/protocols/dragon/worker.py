@@ -8,7 +8,11 @@ Words used here:
   this side's draft there was accepted. Accepted: the front pending draft becomes base.
   Rejected: pending is dropped, the epoch changes, and the decode in flight is cancelled
   (`lm.decode(..., cancel=event)` aborts between layers); the next sync crops the KV cache
-  and decodes the target token instead.
+  and decodes the target token instead. If the session adopted this side's branch draft
+  there, its token is the one pending draft of the new epoch.
+- *branch request* (t, x, epoch): draft t + 1 after base + pending up to t - 1 + [x], on a
+  copy of the rows (`DocDecoder.fork_law`), before the next draft of the main chain; dropped
+  if the epoch changed or pending no longer reaches t.
 
 Theory of operation: the session (event loop) and the thread share `base`, `pending`,
 `epoch` and `stop` under one condition variable. The thread snapshots them, decodes without
@@ -21,6 +25,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 from tandem.models.base import CancelEvent, Cancelled
 from tandem.protocols.dragon.decoder import DocDecoder, SideLaw
@@ -56,6 +61,7 @@ class DraftWorker:
         self.base: list[int] = []
         self.pending: list[int] = []
         self.epoch = 0
+        self.branch_requests: list[tuple[int, int, int]] = []  # (t, x, epoch)
         self._stop = False
         self.decoder: DocDecoder | None = None
         self.cancelled = 0  # decodes aborted by a rejection
@@ -66,17 +72,41 @@ class DraftWorker:
     def start(self) -> None:
         self._thread.start()
 
-    def resolve(self, token: int, *, accepted: bool, epoch: int) -> None:
+    def resolve(
+        self, token: int, *, accepted: bool, epoch: int, adopted: int | None = None
+    ) -> None:
         with self._cond:
             self.base.append(token)
             if accepted and self.pending and self.pending[0] == token and epoch == self.epoch:
                 self.pending.pop(0)
             else:
                 self.pending.clear()
+                if adopted is not None:
+                    self.pending.append(adopted)
                 self.epoch = epoch
                 self.rollbacks += 1
                 self.cancel.set()
             self._cond.notify_all()
+
+    def request_branch(self, position: int, token: int, epoch: int) -> None:
+        with self._cond:
+            self.branch_requests.append((position, token, epoch))
+            self._cond.notify_all()
+
+    def _next_branch(self) -> tuple[list[int], int, int, int] | None:
+        """(prefix, t, x, epoch) of the first request still valid; drops the others before it
+        (call under the lock)."""
+        while self.branch_requests:
+            t, token, epoch = self.branch_requests[0]
+            ahead = t - len(self.base)
+            if epoch != self.epoch or not 0 <= ahead < len(self.pending):
+                self.branch_requests.pop(0)
+                continue
+            if self.pending[ahead] == token:  # cannot happen: the machine asks on a mismatch
+                self.branch_requests.pop(0)
+                continue
+            return self.base + self.pending[:ahead] + [token], t, token, epoch
+        return None
 
     def stop(self) -> None:
         with self._cond:
@@ -113,14 +143,22 @@ class DraftWorker:
             with self._cond:
                 waited = time.perf_counter()
                 while not self._stop and not self._wants_draft():
+                    if self._next_branch() is not None:
+                        break
                     self._cond.wait()
                 if decoder.clock is not None:  # no room ahead, or waiting for a resolution
                     decoder.clock.since("idle", waited)
                 if self._stop:
                     return
+                branch = self._next_branch()
+                if branch is not None:
+                    self.branch_requests.pop(0)
                 prefix = self.base + self.pending
                 epoch = self.epoch
                 self.cancel.clear()
+            if branch is not None:
+                self._branch(decoder, *branch)
+                continue
             began = time.perf_counter()
             try:
                 decoder.sync(prefix, cancel=self.cancel)
@@ -137,3 +175,20 @@ class DraftWorker:
                     continue
                 self.pending.append(draft.token)
             self._emit(draft)
+
+    def _branch(self, decoder: DocDecoder, prefix: list[int], t: int, token: int, epoch: int):
+        began = time.perf_counter()
+        try:
+            if decoder.tokens[: len(prefix) - 1] != prefix[:-1]:  # e.g. just after an adoption
+                decoder.sync(prefix[:-1], cancel=self.cancel)
+            law, context = decoder.fork_law(prefix, cancel=self.cancel)
+        except Cancelled:
+            self.cancelled += 1
+            return
+        draft = self._make(law, t + 1, epoch + 1, time.perf_counter() - began, context)
+        draft = replace(draft, branch_of=(t, token))
+        with self._cond:
+            if epoch != self.epoch or self._stop:
+                self.discarded += 1
+                return
+        self._emit(draft)

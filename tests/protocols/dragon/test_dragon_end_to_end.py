@@ -5,6 +5,7 @@ the link; the first token follows eta_l p~_l + eta_r p~_r; a cloud crash degrade
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 import torch
@@ -272,9 +273,10 @@ def test_a_cloud_without_dragon_degrades_instead_of_hanging(tiny_lm, tiny_lm_b, 
 
 
 def test_lookahead_one_is_token_wise_synchronisation(tiny_lm, tiny_lm_b, corpora):
-    """With lookahead 1 nothing is drafted ahead: one draft per side per position, nothing
-    cancelled or thrown away (DRDG/TW's schedule), and still the same tokens."""
-    cfg = config(lookahead=1, strategy="device")
+    """With lookahead 1 and no branch drafts nothing is drafted ahead: one draft per side per
+    position, nothing cancelled or thrown away (DRDG/TW's schedule), and still the same
+    tokens."""
+    cfg = config(lookahead=1, strategy="device", branch=False)
     expected = central(tiny_lm, tiny_lm_b, corpora, cfg).greedy()
     device, cloud = dragon(tiny_lm, tiny_lm_b, corpora, cfg, link=LINK)
     assert device.tokens == expected
@@ -320,3 +322,32 @@ def test_rows_must_be_documents_or_side():
 
     with pytest.raises(TandemError, match="rows must be one of documents, side"):
         config(rows="pages")
+
+
+SLOW_LINK = LinkConfig(delay_ms=40.0, jitter_ms=5.0, seed=3)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("strategy", ["device", "cloud", "dragon"])
+def test_branch_drafts_are_used_and_change_nothing_but_timing(
+    tiny_lm, tiny_lm_b, corpora, strategy, temperature
+):
+    """Over a link whose round trip is worth many tiny-model decodes, the side that does not
+    aggregate branches where the drafts differ and some branches are adopted (how many
+    depends on timing; with a fixed aggregator and sampling every run here adopted some);
+    the output is still the centralised reference's, token for token, as without branches."""
+    cfg = config(strategy=strategy, temperature=temperature, seed=5, max_new_tokens=24)
+    reference = central(tiny_lm, tiny_lm_b, corpora, cfg)
+    expected = reference.greedy() if temperature == 0 else reference.sampled()
+    device, cloud = dragon(tiny_lm, tiny_lm_b, corpora, cfg, link=SLOW_LINK)
+    assert device.tokens == expected and cloud.tokens == expected
+    adopted = device.branches_adopted
+    assert adopted == cloud.branches_adopted  # both sides adopt the same branches
+    if strategy != "dragon":  # a fixed aggregator: the other side branches
+        assert device.branches_made + cloud.branches_made > 0
+    if strategy != "dragon" and temperature > 0:  # here 1-9 adoptions per run, measured
+        assert sum(adopted.values()) > 0
+    off = dragon(
+        tiny_lm, tiny_lm_b, corpora, dataclasses.replace(cfg, branch=False), link=SLOW_LINK
+    )
+    assert off[0].tokens == expected and off[0].branches_made + off[1].branches_made == 0

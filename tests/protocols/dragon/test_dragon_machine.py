@@ -9,6 +9,8 @@ from tandem.protocols.dragon.machine import (
     Committed,
     Decided,
     Finished,
+    MakeBranch,
+    SendDraft,
     SendSwitch,
     SendTarget,
     SideMachine,
@@ -32,14 +34,19 @@ class TableRule:
         return {side: float(ok) for side, ok in accepted.items()}
 
 
-def draft(side: str, position: int, token: int, epoch: int = 0, seconds: float = 0.1) -> Draft:
+def draft(
+    side: str, position: int, token: int, epoch: int = 0, seconds: float = 0.1, branch_of=None
+) -> Draft:
     return Draft(
         side=side, position=position, epoch=epoch, token=token, sent_probs=torch.zeros(4),
-        logweight=0.0, payload=b"x", decode_s=seconds, context=10 + position,
+        logweight=0.0, payload=b"x", decode_s=seconds, context=10 + position, branch_of=branch_of,
     )  # fmt: skip
 
 
-def machine(role="device", *, targets=None, strategy="device", first="device", tokens=8, eos=None):
+def machine(
+    role="device", *, targets=None, strategy="device", first="device", tokens=8, eos=None,
+    branch=False, rtt=0.05,
+):  # fmt: skip
     return SideMachine(
         role,
         rule=TableRule(targets or {}),
@@ -47,10 +54,11 @@ def machine(role="device", *, targets=None, strategy="device", first="device", t
         first_aggregator=first,
         max_new_tokens=tokens,
         latency={"device": LatencyModel(), "cloud": LatencyModel()},
-        rtt=lambda: 0.05,
+        rtt=lambda: rtt,
         acceptance_ema=0.5,
         slope_weight=0.1,
         eos_id=eos,
+        branch=branch,
     )
 
 
@@ -160,3 +168,96 @@ def test_estimates_come_from_the_drafts_seen_and_the_drivers_rtt():
     c_dec = m.estimates().c_dec
     assert c_dec["device"] > c_dec["cloud"] > 0
     assert m.decode_times == {"device": [(10, 0.3)], "cloud": [(10, 0.1)]}
+
+
+# ---- branch drafts ----------------------------------------------------------------------
+# Seconds per decode 0.1 (the drafts' decode_s), so a round trip above 0.2 s makes branching pay.
+
+
+def test_the_non_aggregator_asks_for_a_branch_where_the_drafts_differ():
+    m = machine("cloud", first="device", branch=True, rtt=0.6)
+    assert kinds(m.own_draft(draft("cloud", 0, 4))) == ["SendDraft"]
+    assert m.peer_draft(draft("device", 0, 4)) == []  # they agree: nothing to branch on
+    m.own_draft(draft("cloud", 1, 5))
+    assert m.peer_draft(draft("device", 1, 6)) == [MakeBranch(1, 6, 0)]
+    assert m.branch_asked == {(0, 1, 6)}
+    # the peer's draft first, then ours: asked when the pair is complete
+    m.peer_draft(draft("device", 2, 7))
+    assert kinds(m.own_draft(draft("cloud", 2, 8))) == ["SendDraft", "MakeBranch"]
+    # no branch when the round trip is worth less than two decodes, or without `branch`
+    for quiet in (machine("cloud", branch=True, rtt=0.15), machine("cloud", rtt=0.6)):
+        quiet.own_draft(draft("cloud", 0, 1))
+        assert quiet.peer_draft(draft("device", 0, 2)) == []
+    # the aggregator never branches: it learns every outcome first
+    owner = machine(targets={0: 1}, branch=True, rtt=0.6)
+    owner.own_draft(draft("device", 1, 1))
+    owner.peer_draft(draft("cloud", 1, 2))
+    assert not owner.branch_asked
+
+
+def test_a_branch_that_arrived_first_becomes_the_peers_draft_when_its_rejection_comes():
+    m = machine(targets={0: 9, 1: 3}, branch=True)  # the device aggregates
+    m.own_draft(draft("device", 0, 9))
+    m.own_draft(draft("device", 1, 3))
+    # the cloud drafted 5 at 0 and 6 at 1, then its branch for 1 after the device's 9
+    branch = draft("cloud", 1, 3, epoch=1, branch_of=(0, 9))
+    assert m.peer_draft(branch) == []  # kept aside: position 0 is unresolved
+    actions = m.peer_draft(draft("cloud", 0, 5))
+    # 0 resolves to 9 (cloud rejected, epoch 1, its branch adopted), then 1 at once
+    assert kinds(actions) == ["Committed", "SendTarget", "Decided"] * 2
+    assert [a.position for a in actions if isinstance(a, Committed)] == [0, 1]
+    assert m.committed == [9, 3] and m.epochs == {"device": 0, "cloud": 1}
+    assert m.branches_adopted == {"device": 0, "cloud": 1}
+    assert actions[0].adopted is None  # the device's own decoder adopted nothing
+
+
+def test_a_branch_that_arrives_after_its_rejection_is_queued_at_once():
+    m = machine(targets={0: 9, 1: 3}, branch=True)
+    m.own_draft(draft("device", 0, 9))
+    m.own_draft(draft("device", 1, 3))
+    m.peer_draft(draft("cloud", 0, 5))  # resolves 0: cloud rejected
+    assert m.epochs["cloud"] == 1 and m.committed == [9]
+    actions = m.peer_draft(draft("cloud", 1, 3, epoch=1, branch_of=(0, 9)))
+    assert [a.position for a in actions if isinstance(a, Committed)] == [1]
+    assert m.branches_adopted["cloud"] == 1
+
+
+def test_a_branch_for_another_outcome_is_never_used():
+    # an earlier rejection (position 0) starts epoch 1: a branch made for position 1 in
+    # epoch 0 was drafted on the rejected prefix and must be dropped
+    m = machine(targets={0: 9, 1: 3, 2: 4}, branch=True)
+    m.own_draft(draft("device", 0, 9))
+    m.peer_draft(draft("cloud", 0, 5))  # cloud rejected at 0: epoch 1
+    stale = draft("cloud", 2, 4, epoch=1, branch_of=(1, 3))  # made in epoch 0, for (1, 3)
+    assert m.peer_draft(stale) == [] and m.drafts_dropped["cloud"] == 1
+    assert not m.branches["cloud"]
+    # a branch for a token that is not the target is dropped at the resolution
+    m2 = machine(targets={0: 9, 1: 3}, branch=True)
+    m2.peer_draft(draft("cloud", 1, 7, epoch=1, branch_of=(0, 8)))  # after the token 8
+    m2.own_draft(draft("device", 0, 9))
+    m2.peer_draft(draft("cloud", 0, 5))
+    assert m2.epochs["cloud"] == 1 and not m2.branches["cloud"] and len(m2.queues["cloud"]) == 0
+    # and when the side's own draft is accepted there, its branch is simply forgotten
+    m3 = machine(targets={0: 5}, branch=True)
+    m3.peer_draft(draft("cloud", 1, 7, epoch=1, branch_of=(0, 9)))
+    m3.own_draft(draft("device", 0, 9))
+    m3.peer_draft(draft("cloud", 0, 5))
+    assert m3.epochs["cloud"] == 0 and not m3.branches["cloud"]
+
+
+def test_the_side_adopts_its_own_branch_and_tells_its_decoder():
+    m = machine("cloud", first="device", branch=True, rtt=0.6)
+    m.own_draft(draft("cloud", 0, 5))
+    assert m.peer_draft(draft("device", 0, 9)) == [MakeBranch(0, 9, 0)]
+    m.own_draft(draft("cloud", 1, 6))  # the main chain goes on
+    branch = draft("cloud", 1, 3, epoch=1, branch_of=(0, 9))
+    assert m.own_branch(branch) == [SendDraft(branch)] and m.branches_made == 1
+    (committed,) = m.target(0, 9)  # the device aggregated 0 to its own token
+    assert committed.accepted["cloud"] is False and committed.epoch == 1
+    assert committed.adopted == 3 and m.queues["cloud"].at(1) == branch
+    # a branch finished after its position resolved is not sent
+    late = machine("cloud", first="device", branch=True, rtt=0.6)
+    late.own_draft(draft("cloud", 0, 5))
+    late.peer_draft(draft("device", 0, 9))
+    late.target(0, 9)
+    assert late.own_branch(branch) == [] and late.drafts_dropped["cloud"] == 1

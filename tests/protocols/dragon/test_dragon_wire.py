@@ -47,6 +47,28 @@ def test_draft_round_trip_keeps_the_transmitted_law(greedy):
         77,
     )
     assert received.logweight == 1.25
+    assert received.branch_of is None
+
+
+def test_a_branch_draft_round_trips_and_a_bad_branch_is_refused():
+    import dataclasses
+
+    codec = make_codec("top-p", p=0.8)
+    draft = make_draft(law(), codec=codec, side="device", position=4, epoch=3, seed=9, greedy=True)
+    branch = dataclasses.replace(draft, branch_of=(3, 17))
+
+    def parse(d):
+        return wire.parse_draft(
+            roundtrip(wire.draft_message(1, d, codec.name)),
+            side="device",
+            codec=codec,
+            vocab_size=300,
+        )
+
+    assert parse(branch).branch_of == (3, 17) and parse(branch).epoch == 3
+    for bad in ((2, 17), (3, 300)):  # not the position before, a token outside the vocabulary
+        with pytest.raises(ValueError, match="branch"):
+            parse(dataclasses.replace(draft, branch_of=bad))
 
 
 def test_control_messages_round_trip():
