@@ -313,5 +313,5 @@ class DocDecoder:
             free = getattr(self.lm, "free", None)
             if free is not None:
                 free(fork)
-            self._clock("decode", began, cpu)
+            self._clock("branch", began, cpu)
         return self._law_of(logits, tokens), context

@@ -13,8 +13,8 @@ Words used here:
 - *acceptance tracker*: moving average per side of the expected acceptance rate (paper
   Eq. 5) when sampling, or of the observed 0/1 acceptance when greedy.
 - *timeline* (issue 14): where one side's time goes per output token. *Work phases* are
-  summed busy time (`PHASES`: the decoder thread's decode of the k document rows, relevance
-  scoring, the local mixture, the codec; the event loop's wire (de)serialisation, Algorithm 1,
+  summed busy time (`PHASES`: the decoder thread's decode of the k document rows, its
+  decodes for branch drafts (machine.py), relevance scoring, the local mixture, the codec; the event loop's wire (de)serialisation, Algorithm 1,
   the scheduler, the channel send; and the waits: the decoder idle for lack of room or of a
   resolution, a message queued in the outbox); `STARTUP` phases (retrieval, loading the
   documents' stored KV, the prefill of the rest) happen once. The *critical path* splits
@@ -190,7 +190,7 @@ class LinkEstimator:
 
 # busy phases, in display order: decoder thread, then event loop, then waits
 PHASES = (
-    "decode", "relevance", "law", "codec",
+    "decode", "branch", "relevance", "law", "codec",
     "wire", "aggregate", "schedule", "send",
     "idle", "outbox",
 )  # fmt: skip
