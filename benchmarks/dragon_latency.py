@@ -44,12 +44,15 @@ METHODS = ("crcg-device", "crcg-cloud", "drcg-text", "drcg-kv", "drdg-sw", "drdg
 # Not the paper's, run only when asked for: DRAGON with one decode row per side holding all its
 # documents (DragonConfig.rows = "side"), and the same with static relevance weights (the
 # retrieval scores, as Fig. 5's perplexity bench weighs documents; no re-scoring while decoding)
-EXTRA_METHODS = ("dragon-side", "dragon-side-static", "dragon-side-static-nobranch")
+EXTRA_METHODS = (
+    "dragon-side", "dragon-side-static", "dragon-side-static-peer", "dragon-side-static-nobranch"
+)  # fmt: skip
 LABELS = {
     "crcg-device": "CRCG/Device", "crcg-cloud": "CRCG/Cloud", "drcg-text": "DRCG/Text",
     "drcg-kv": "DRCG/KV", "drdg-sw": "DRDG/SW", "drdg-tw": "DRDG/TW", "dragon": "DRAGON",
     "dragon-side": "DRAGON, 1 row/side (ours)",
     "dragon-side-static": "DRAGON, 1 row/side, static weights (ours)",
+    "dragon-side-static-peer": "DRAGON, 1 row/side, static weights, branch after peer's token",
     "dragon-side-static-nobranch": "DRAGON, 1 row/side, static weights, no branch drafts",
 }  # fmt: skip
 # every DRAGON variant the bench runs: its DragonConfig fields beyond the bench's own
@@ -57,7 +60,8 @@ DRAGONS = {
     "dragon": {},
     "dragon-side": {"rows": "side"},
     "dragon-side-static": {"rows": "side", "scorer": "static"},
-    "dragon-side-static-nobranch": {"rows": "side", "scorer": "static", "branch": False},
+    "dragon-side-static-peer": {"rows": "side", "scorer": "static", "branch": "peer"},
+    "dragon-side-static-nobranch": {"rows": "side", "scorer": "static", "branch": "off"},
 }
 
 

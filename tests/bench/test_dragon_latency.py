@@ -32,13 +32,15 @@ def test_dragon_variants_run_the_dragon_method_with_their_config():
     from benchmarks.dragon_latency import DRAGONS, EXTRA_METHODS, LABELS, bench_config
 
     assert set(EXTRA_METHODS) <= set(DRAGONS) and set(DRAGONS) <= set(LABELS)
-    paper, side, static, unbranched = (bench_config(8, method=m) for m in DRAGONS)
-    assert (paper.rows, paper.scorer, paper.branch) == ("documents", "embedding", True)
+    configs = [bench_config(8, method=m) for m in DRAGONS]
+    paper, side, static, peer, unbranched = configs
+    assert (paper.rows, paper.scorer, paper.branch) == ("documents", "embedding", "own")
     assert (side.rows, side.scorer) == ("side", "embedding")
-    assert (static.rows, static.scorer, static.branch) == ("side", "static", True)
-    assert (unbranched.rows, unbranched.scorer, unbranched.branch) == ("side", "static", False)
+    assert (static.rows, static.scorer, static.branch) == ("side", "static", "own")
+    assert (peer.rows, peer.scorer, peer.branch) == ("side", "static", "peer")
+    assert (unbranched.rows, unbranched.scorer, unbranched.branch) == ("side", "static", "off")
     assert bench_config(8, method="crcg-device") == paper  # baselines: the bench's defaults
-    assert all(c.timeline and c.max_new_tokens == 8 for c in (paper, side, static, unbranched))
+    assert all(c.timeline and c.max_new_tokens == 8 for c in configs)
 
 
 def test_timeline_rows_are_kept_apart_per_dragon_variant():

@@ -26,6 +26,7 @@ ROWS = ("documents", "side")
 SIDES = (DEVICE, CLOUD)
 STRATEGIES = ("dragon", "device", "cloud", "random")
 SCORERS = ("embedding", "bm25", "static")
+BRANCHES = ("off", "peer", "own")
 
 
 def peer_of(side: str) -> str:
@@ -52,11 +53,12 @@ class DragonConfig:
     # trip in decode steps or the drafting side stalls waiting for resolutions (8 drafts per
     # round trip at most; docs/dragon.md, "Drafting ahead of a round trip")
     lookahead: int = 32
-    # branch drafts: a side that does not aggregate, seeing the peer's draft differ from its
-    # own, drafts the next position after the peer's token too, so a rejection there costs
-    # the aggregator no round trip (only when the round trip exceeds two of its decodes;
-    # machine.py, "Branch drafts"; the output does not depend on it)
-    branch: bool = True
+    # branch drafts (machine.py, "Branch drafts"; the output does not depend on them): a side
+    # that does not aggregate also drafts the next position after another token than its own
+    # draft, so a rejection there costs the aggregator no round trip; "peer": after the
+    # peer's differing draft, "own": after its own second choice where its draft holds < 0.5
+    # of its law, "off"; only while the round trip exceeds two of its decodes
+    branch: str = "own"
     scorer: str = "embedding"  # dynamic relevance: embedding | bm25 | static (retrieval scores)
     relevance_interval: int = 4  # re-score the documents every this many tokens
     relevance_temperature: float = 0.1  # relevance logits = similarity / temperature
@@ -77,6 +79,7 @@ class DragonConfig:
             (self.strategy in STRATEGIES, f"strategy must be one of {', '.join(STRATEGIES)}"),
             (self.scorer in SCORERS, f"scorer must be one of {', '.join(SCORERS)}"),
             (self.lookahead >= 1, "lookahead must be >= 1"),
+            (self.branch in BRANCHES, f"branch must be one of {', '.join(BRANCHES)}"),
             (self.relevance_interval >= 1, "relevance_interval must be >= 1"),
             (self.relevance_temperature > 0, "relevance_temperature must be > 0"),
             (0 < self.acceptance_ema <= 1, "acceptance_ema must be in (0, 1]"),

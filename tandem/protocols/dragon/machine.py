@@ -31,14 +31,16 @@ Actions (returned in the order they must happen): `SendDraft`, `SendTarget`, `Se
 for a branch draft), `Finished` (length, eos or aborted). After `Finished` every event
 returns no action.
 
-Branch drafts (`branch=True`; queues.py defines them). A side that does not aggregate learns
+Branch drafts (`branch`; queues.py defines them). A side that does not aggregate learns
 that its draft at t was rejected a one-way trip after the aggregator knew, and only then
 decodes the target token and sends its next draft: the aggregator waits a round trip plus a
-decode. When the peer's draft at t arrives and differs from its own, the side therefore asks
-its decoder for the draft at t + 1 after the peer's token (`MakeBranch`), if the round trip
-it may save exceeds `BRANCH_RTT_FACTOR` decodes it costs. Both machines keep branch drafts
-aside; when a side's draft at t is rejected with target x, its branch (t, x) becomes the first
-draft of its new epoch on both sides (`Committed.adopted` tells the decoder), so the
+decode. So the side also drafts t + 1 after another token x at t, on a copy of its rows, and
+sends it at once: after the peer's draft at t where it differs from its own ("peer":
+`MakeBranch` when the pair is complete), or after its own second choice where its draft is
+unsure ("own": the worker asks itself while `own_branching()`). Either way only while the
+round trip it may save exceeds `BRANCH_RTT_FACTOR` decodes it costs. Both machines keep branch
+drafts aside; when a side's draft at t is rejected with target x, its branch (t, x) becomes
+the first draft of its new epoch on both sides (`Committed.adopted` tells the decoder), so the
 aggregator can resolve t + 1 without waiting for a redraft. Which draft is used never changes
 what is drawn: the branch is drawn with the same position seed from the side's law after the
 same prefix, so the output is the one without branches (timing only).
@@ -56,8 +58,8 @@ from tandem.protocols.dragon.profiler import AcceptanceTracker, LatencyModel
 from tandem.protocols.dragon.queues import Draft, DraftQueue
 from tandem.protocols.dragon.scheduler import Decision, Estimates, Scheduler
 
-# a side branches when the round trip it may save exceeds this many of its own decodes (the
-# branch is used about half the time: when the peer's token wins the disagreement)
+# a side branches when the round trip it may save exceeds this many of its own decodes (a
+# branch is used only when its token wins: about half the time, or less)
 BRANCH_RTT_FACTOR = 2.0
 
 
@@ -152,12 +154,12 @@ class SideMachine:
         acceptance_ema: float,
         slope_weight: float,
         eos_id: int | None = None,
-        branch: bool = False,
+        branch: str = "off",
     ):
         """`latency`: the starting decode-cost model of each side (updated from every draft
         seen); `rtt`: the driver's current round-trip estimate for one aggregation (seconds),
-        read when the scheduler decides and before asking for a branch; `branch`: ask for
-        branch drafts (module docstring)."""
+        read when the scheduler decides and before asking for a branch; `branch`: which
+        branch drafts to make, "off" | "peer" | "own" (module docstring)."""
         self.role, self.peer = role, peer_of(role)
         self.rule, self.scheduler, self.rtt = rule, scheduler, rtt
         self.max_new_tokens, self.eos_id = max_new_tokens, eos_id
@@ -289,10 +291,22 @@ class SideMachine:
         self.drafts_dropped[self.peer] += 1
         return []
 
+    def own_branching(self) -> bool:
+        """Whether the decoder should branch on its own unsure drafts now (`branch="own"`)."""
+        return self.branch == "own" and self._branch_pays()
+
+    def _branch_pays(self) -> bool:
+        """This side does not aggregate, and the round trip a branch may save is worth the
+        decode it costs."""
+        if self.finished or self.degraded or self.aggregator == self.role:
+            return False
+        own_decode = self.latency[self.role].predict(self.last_context[self.role] + 1)
+        return self.rtt() >= BRANCH_RTT_FACTOR * own_decode
+
     def _maybe_branch(self, position: int) -> list[Action]:
-        """`MakeBranch` when both drafts at `position` are here and differ, this side does
-        not aggregate, and the round trip it may save is worth the decode it costs."""
-        if not self.branch or self.finished or self.degraded or self.aggregator == self.role:
+        """`MakeBranch` (`branch="peer"`) when both drafts at `position` are here and differ
+        and a branch pays."""
+        if self.branch != "peer" or self.finished or self.degraded:
             return []
         mine, theirs = self.queues[self.role].at(position), self.queues[self.peer].at(position)
         if mine is None or theirs is None or mine.token == theirs.token:
@@ -300,10 +314,7 @@ class SideMachine:
         key = (self.epochs[self.role], position, theirs.token)
         if key in self.branch_asked or position + 1 >= self.max_new_tokens:
             return []
-        if theirs.token == self.eos_id:  # nothing follows it
-            return []
-        own_decode = self.latency[self.role].predict(self.last_context[self.role] + 1)
-        if self.rtt() < BRANCH_RTT_FACTOR * own_decode:
+        if theirs.token == self.eos_id or not self._branch_pays():  # nothing follows eos
             return []
         self.branch_asked.add(key)
         return [MakeBranch(position, theirs.token, self.epochs[self.role])]

@@ -286,6 +286,7 @@ class DragonSide(SideIO):
             self._apply(self.machine.own_draft(draft))
 
     def _apply(self, actions: list) -> None:
+        self.worker.branch_own = self.machine.own_branching()
         for action in actions:
             if isinstance(action, SendDraft):
                 draft = action.draft

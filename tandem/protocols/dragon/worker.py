@@ -12,7 +12,10 @@ Words used here:
   there, its token is the one pending draft of the new epoch.
 - *branch request* (t, x, epoch): draft t + 1 after base + pending up to t - 1 + [x], on a
   copy of the rows (`DocDecoder.fork_law`), before the next draft of the main chain; dropped
-  if the epoch changed or pending no longer reaches t.
+  if the epoch changed or pending no longer reaches t. Requests come from the session (the
+  peer's draft at t was x, `DragonConfig.branch = "peer"`) or from the worker itself while
+  the session sets `branch_own` ("own"): x = the second choice of its own draft at t when
+  that draft holds less than `BRANCH_CONFIDENCE` of the law it sent.
 
 Theory of operation: the session (event loop) and the thread share `base`, `pending`,
 `epoch` and `stop` under one condition variable. The thread snapshots them, decodes without
@@ -30,6 +33,10 @@ from dataclasses import replace
 from tandem.models.base import CancelEvent, Cancelled
 from tandem.protocols.dragon.decoder import DocDecoder, SideLaw
 from tandem.protocols.dragon.queues import Draft
+
+# a draft that holds less than this much of its sent law is branched on its second choice
+# (when the session sets `branch_own`)
+BRANCH_CONFIDENCE = 0.5
 
 # (law, position, epoch, seconds spent, context length) -> Draft
 MakeDraft = Callable[[SideLaw, int, int, float, int], Draft]
@@ -62,6 +69,7 @@ class DraftWorker:
         self.pending: list[int] = []
         self.epoch = 0
         self.branch_requests: list[tuple[int, int, int]] = []  # (t, x, epoch)
+        self.branch_own = False  # set by the session: branch on its own uncertain drafts
         self._stop = False
         self.decoder: DocDecoder | None = None
         self.cancelled = 0  # decodes aborted by a rejection
@@ -174,7 +182,23 @@ class DraftWorker:
                     self.discarded += 1
                     continue
                 self.pending.append(draft.token)
+                alternative = self._alternative(draft)
+                if alternative is not None:
+                    self.branch_requests.append((draft.position, alternative, epoch))
             self._emit(draft)
+
+    def _alternative(self, draft: Draft) -> int | None:
+        """With `branch_own`: the most probable other token of the law sent with `draft`,
+        when the draft itself holds less than `BRANCH_CONFIDENCE` of it."""
+        if not self.branch_own or draft.position + 1 >= self.max_new_tokens:
+            return None
+        probs = draft.sent_probs
+        if float(probs[draft.token]) >= BRANCH_CONFIDENCE:
+            return None
+        others = probs.clone()
+        others[draft.token] = 0.0
+        token = int(others.argmax())
+        return token if others[token] > 0 and token != self.eos_id else None
 
     def _branch(self, decoder: DocDecoder, prefix: list[int], t: int, token: int, epoch: int):
         began = time.perf_counter()

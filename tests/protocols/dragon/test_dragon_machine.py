@@ -45,7 +45,7 @@ def draft(
 
 def machine(
     role="device", *, targets=None, strategy="device", first="device", tokens=8, eos=None,
-    branch=False, rtt=0.05,
+    branch="off", rtt=0.05,
 ):  # fmt: skip
     return SideMachine(
         role,
@@ -175,7 +175,7 @@ def test_estimates_come_from_the_drafts_seen_and_the_drivers_rtt():
 
 
 def test_the_non_aggregator_asks_for_a_branch_where_the_drafts_differ():
-    m = machine("cloud", first="device", branch=True, rtt=0.6)
+    m = machine("cloud", first="device", branch="peer", rtt=0.6)
     assert kinds(m.own_draft(draft("cloud", 0, 4))) == ["SendDraft"]
     assert m.peer_draft(draft("device", 0, 4)) == []  # they agree: nothing to branch on
     m.own_draft(draft("cloud", 1, 5))
@@ -184,19 +184,20 @@ def test_the_non_aggregator_asks_for_a_branch_where_the_drafts_differ():
     # the peer's draft first, then ours: asked when the pair is complete
     m.peer_draft(draft("device", 2, 7))
     assert kinds(m.own_draft(draft("cloud", 2, 8))) == ["SendDraft", "MakeBranch"]
-    # no branch when the round trip is worth less than two decodes, or without `branch`
-    for quiet in (machine("cloud", branch=True, rtt=0.15), machine("cloud", rtt=0.6)):
+    # no branch when the round trip is worth less than two decodes, or without "peer"
+    quiet_ones = (machine("cloud", branch="peer", rtt=0.15), machine("cloud", rtt=0.6))
+    for quiet in (*quiet_ones, machine("cloud", branch="own", rtt=0.6)):
         quiet.own_draft(draft("cloud", 0, 1))
         assert quiet.peer_draft(draft("device", 0, 2)) == []
     # the aggregator never branches: it learns every outcome first
-    owner = machine(targets={0: 1}, branch=True, rtt=0.6)
+    owner = machine(targets={0: 1}, branch="peer", rtt=0.6)
     owner.own_draft(draft("device", 1, 1))
     owner.peer_draft(draft("cloud", 1, 2))
     assert not owner.branch_asked
 
 
 def test_a_branch_that_arrived_first_becomes_the_peers_draft_when_its_rejection_comes():
-    m = machine(targets={0: 9, 1: 3}, branch=True)  # the device aggregates
+    m = machine(targets={0: 9, 1: 3}, branch="peer")  # the device aggregates
     m.own_draft(draft("device", 0, 9))
     m.own_draft(draft("device", 1, 3))
     # the cloud drafted 5 at 0 and 6 at 1, then its branch for 1 after the device's 9
@@ -212,7 +213,7 @@ def test_a_branch_that_arrived_first_becomes_the_peers_draft_when_its_rejection_
 
 
 def test_a_branch_that_arrives_after_its_rejection_is_queued_at_once():
-    m = machine(targets={0: 9, 1: 3}, branch=True)
+    m = machine(targets={0: 9, 1: 3}, branch="peer")
     m.own_draft(draft("device", 0, 9))
     m.own_draft(draft("device", 1, 3))
     m.peer_draft(draft("cloud", 0, 5))  # resolves 0: cloud rejected
@@ -225,20 +226,20 @@ def test_a_branch_that_arrives_after_its_rejection_is_queued_at_once():
 def test_a_branch_for_another_outcome_is_never_used():
     # an earlier rejection (position 0) starts epoch 1: a branch made for position 1 in
     # epoch 0 was drafted on the rejected prefix and must be dropped
-    m = machine(targets={0: 9, 1: 3, 2: 4}, branch=True)
+    m = machine(targets={0: 9, 1: 3, 2: 4}, branch="peer")
     m.own_draft(draft("device", 0, 9))
     m.peer_draft(draft("cloud", 0, 5))  # cloud rejected at 0: epoch 1
     stale = draft("cloud", 2, 4, epoch=1, branch_of=(1, 3))  # made in epoch 0, for (1, 3)
     assert m.peer_draft(stale) == [] and m.drafts_dropped["cloud"] == 1
     assert not m.branches["cloud"]
     # a branch for a token that is not the target is dropped at the resolution
-    m2 = machine(targets={0: 9, 1: 3}, branch=True)
+    m2 = machine(targets={0: 9, 1: 3}, branch="peer")
     m2.peer_draft(draft("cloud", 1, 7, epoch=1, branch_of=(0, 8)))  # after the token 8
     m2.own_draft(draft("device", 0, 9))
     m2.peer_draft(draft("cloud", 0, 5))
     assert m2.epochs["cloud"] == 1 and not m2.branches["cloud"] and len(m2.queues["cloud"]) == 0
     # and when the side's own draft is accepted there, its branch is simply forgotten
-    m3 = machine(targets={0: 5}, branch=True)
+    m3 = machine(targets={0: 5}, branch="peer")
     m3.peer_draft(draft("cloud", 1, 7, epoch=1, branch_of=(0, 9)))
     m3.own_draft(draft("device", 0, 9))
     m3.peer_draft(draft("cloud", 0, 5))
@@ -246,7 +247,7 @@ def test_a_branch_for_another_outcome_is_never_used():
 
 
 def test_the_side_adopts_its_own_branch_and_tells_its_decoder():
-    m = machine("cloud", first="device", branch=True, rtt=0.6)
+    m = machine("cloud", first="device", branch="peer", rtt=0.6)
     m.own_draft(draft("cloud", 0, 5))
     assert m.peer_draft(draft("device", 0, 9)) == [MakeBranch(0, 9, 0)]
     m.own_draft(draft("cloud", 1, 6))  # the main chain goes on
@@ -256,8 +257,22 @@ def test_the_side_adopts_its_own_branch_and_tells_its_decoder():
     assert committed.accepted["cloud"] is False and committed.epoch == 1
     assert committed.adopted == 3 and m.queues["cloud"].at(1) == branch
     # a branch finished after its position resolved is not sent
-    late = machine("cloud", first="device", branch=True, rtt=0.6)
+    late = machine("cloud", first="device", branch="peer", rtt=0.6)
     late.own_draft(draft("cloud", 0, 5))
     late.peer_draft(draft("device", 0, 9))
     late.target(0, 9)
     assert late.own_branch(branch) == [] and late.drafts_dropped["cloud"] == 1
+
+
+def test_own_branching_is_on_only_while_a_branch_pays():
+    m = machine("cloud", first="device", branch="own", rtt=0.15)
+    m.own_draft(draft("cloud", 0, 5))  # decodes of 0.1 s measured
+    assert not m.own_branching()  # 0.15 s < 2 x 0.1 s
+    m.rtt = lambda: 0.6
+    assert m.own_branching()
+    owner = machine("cloud", first="cloud", strategy="cloud", branch="own", rtt=0.6)
+    owner.own_draft(draft("cloud", 0, 5))
+    assert not owner.own_branching()  # the aggregator learns every outcome first
+    peer = machine("cloud", first="device", branch="peer", rtt=0.6)
+    peer.own_draft(draft("cloud", 0, 5))
+    assert not peer.own_branching()
