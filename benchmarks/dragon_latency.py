@@ -45,23 +45,23 @@ METHODS = ("crcg-device", "crcg-cloud", "drcg-text", "drcg-kv", "drdg-sw", "drdg
 # documents (DragonConfig.rows = "side"), and the same with static relevance weights (the
 # retrieval scores, as Fig. 5's perplexity bench weighs documents; no re-scoring while decoding)
 EXTRA_METHODS = (
-    "dragon-side", "dragon-side-static", "dragon-side-static-peer", "dragon-side-static-nobranch"
+    "dragon-side", "dragon-side-static", "dragon-side-static-own", "dragon-side-static-peer"
 )  # fmt: skip
 LABELS = {
     "crcg-device": "CRCG/Device", "crcg-cloud": "CRCG/Cloud", "drcg-text": "DRCG/Text",
     "drcg-kv": "DRCG/KV", "drdg-sw": "DRDG/SW", "drdg-tw": "DRDG/TW", "dragon": "DRAGON",
     "dragon-side": "DRAGON, 1 row/side (ours)",
     "dragon-side-static": "DRAGON, 1 row/side, static weights (ours)",
-    "dragon-side-static-peer": "DRAGON, 1 row/side, static weights, branch after peer's token",
-    "dragon-side-static-nobranch": "DRAGON, 1 row/side, static weights, no branch drafts",
+    "dragon-side-static-own": "DRAGON, 1 row/side, static, branch on own 2nd choice",
+    "dragon-side-static-peer": "DRAGON, 1 row/side, static, branch on peer's token",
 }  # fmt: skip
 # every DRAGON variant the bench runs: its DragonConfig fields beyond the bench's own
 DRAGONS = {
     "dragon": {},
     "dragon-side": {"rows": "side"},
     "dragon-side-static": {"rows": "side", "scorer": "static"},
+    "dragon-side-static-own": {"rows": "side", "scorer": "static", "branch": "own"},
     "dragon-side-static-peer": {"rows": "side", "scorer": "static", "branch": "peer"},
-    "dragon-side-static-nobranch": {"rows": "side", "scorer": "static", "branch": "off"},
 }
 
 
@@ -277,6 +277,8 @@ def run(
             "max_new_tokens": tokens, "questions": list(chosen), "docs_per_side": 2,
             "temperature": 0.0, "quick": quick, "wall_s": time.perf_counter() - started,
             "methods": list(methods), "load_1min_per_run": "runs[].load_1min",
+            "dragon_variants": {m: DRAGONS[m] for m in methods if m in DRAGONS},
+            "dragon_defaults": bench_config(tokens).to_json(),
             "per_token": "mean inter-token gap at the device; DRDG/SW: (answer - prefill) / n",
             "theorem": "S = Z_TW / Z_DRAGON; 1/S = 1 - a_r / (1 + c_r / rtt) if c_l <= c_r; "
             "1 - (1 - c_l / (c_r + rtt)) a_r if c_r < c_l <= c_r + rtt; else 1",

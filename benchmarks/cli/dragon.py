@@ -32,8 +32,8 @@ def latency(
         help="Methods (repeat; default all but the dragon-side ones): crcg-device, crcg-cloud, "
         "drcg-text, drcg-kv, drdg-sw, drdg-tw, dragon, dragon-side (ours: one row per side), "
         "dragon-side-static (ours: one row per side, retrieval scores as weights), "
-        "dragon-side-static-peer / -nobranch (the same with branch drafts after the peer's "
-        "token / without branch drafts).",
+        "dragon-side-static-own / -peer (the same with branch drafts after its own second "
+        "choice / after the peer's token).",
     ),  # fmt: skip
     public: str = PUBLIC,
     private: str = PRIVATE,

@@ -33,12 +33,12 @@ def test_dragon_variants_run_the_dragon_method_with_their_config():
 
     assert set(EXTRA_METHODS) <= set(DRAGONS) and set(DRAGONS) <= set(LABELS)
     configs = [bench_config(8, method=m) for m in DRAGONS]
-    paper, side, static, peer, unbranched = configs
-    assert (paper.rows, paper.scorer, paper.branch) == ("documents", "embedding", "own")
+    paper, side, static, own, peer = configs
+    assert (paper.rows, paper.scorer, paper.branch) == ("documents", "embedding", "off")
     assert (side.rows, side.scorer) == ("side", "embedding")
-    assert (static.rows, static.scorer, static.branch) == ("side", "static", "own")
+    assert (static.rows, static.scorer, static.branch) == ("side", "static", "off")
+    assert (own.rows, own.scorer, own.branch) == ("side", "static", "own")
     assert (peer.rows, peer.scorer, peer.branch) == ("side", "static", "peer")
-    assert (unbranched.rows, unbranched.scorer, unbranched.branch) == ("side", "static", "off")
     assert bench_config(8, method="crcg-device") == paper  # baselines: the bench's defaults
     assert all(c.timeline and c.max_new_tokens == 8 for c in configs)
 

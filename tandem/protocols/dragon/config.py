@@ -57,8 +57,9 @@ class DragonConfig:
     # that does not aggregate also drafts the next position after another token than its own
     # draft, so a rejection there costs the aggregator no round trip; "peer": after the
     # peer's differing draft, "own": after its own second choice where its draft holds < 0.5
-    # of its law, "off"; only while the round trip exceeds two of its decodes
-    branch: str = "own"
+    # of its law, "off"; only while the round trip exceeds two of its decodes. Off by
+    # default: neither paid on this testbed (docs/dragon.md, "Branch drafts")
+    branch: str = "off"
     scorer: str = "embedding"  # dynamic relevance: embedding | bm25 | static (retrieval scores)
     relevance_interval: int = 4  # re-score the documents every this many tokens
     relevance_temperature: float = 0.1  # relevance logits = similarity / temperature
