@@ -58,7 +58,7 @@ class DragonConfig:
     # draft, so a rejection there costs the aggregator no round trip; "peer": after the
     # peer's differing draft, "own": after its own second choice where its draft holds < 0.5
     # of its law, "off"; only while the round trip exceeds two of its decodes. Off by
-    # default: neither paid on this testbed (docs/dragon.md, "Branch drafts")
+    # default: neither paid on this testbed (docs/dragon.md, "Branch drafts, measured")
     branch: str = "off"
     scorer: str = "embedding"  # dynamic relevance: embedding | bm25 | static (retrieval scores)
     relevance_interval: int = 4  # re-score the documents every this many tokens
