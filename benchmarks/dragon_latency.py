@@ -45,7 +45,8 @@ METHODS = ("crcg-device", "crcg-cloud", "drcg-text", "drcg-kv", "drdg-sw", "drdg
 # documents (DragonConfig.rows = "side"), and the same with static relevance weights (the
 # retrieval scores, as Fig. 5's perplexity bench weighs documents; no re-scoring while decoding)
 EXTRA_METHODS = (
-    "dragon-side", "dragon-side-static", "dragon-side-static-own", "dragon-side-static-peer"
+    "dragon-side", "dragon-side-static", "dragon-side-static-own", "dragon-side-static-peer",
+    "dragon-side-static-mirror",
 )  # fmt: skip
 LABELS = {
     "crcg-device": "CRCG/Device", "crcg-cloud": "CRCG/Cloud", "drcg-text": "DRCG/Text",
@@ -54,6 +55,7 @@ LABELS = {
     "dragon-side-static": "DRAGON, 1 row/side, static weights (ours)",
     "dragon-side-static-own": "DRAGON, 1 row/side, static, branch on own 2nd choice",
     "dragon-side-static-peer": "DRAGON, 1 row/side, static, branch on peer's token",
+    "dragon-side-static-mirror": "DRAGON, 1 row/side, static, mirrored resolution",
 }  # fmt: skip
 # every DRAGON variant the bench runs: its DragonConfig fields beyond the bench's own
 DRAGONS = {
@@ -62,6 +64,7 @@ DRAGONS = {
     "dragon-side-static": {"rows": "side", "scorer": "static"},
     "dragon-side-static-own": {"rows": "side", "scorer": "static", "branch": "own"},
     "dragon-side-static-peer": {"rows": "side", "scorer": "static", "branch": "peer"},
+    "dragon-side-static-mirror": {"rows": "side", "scorer": "static", "mirror": True},
 }
 
 

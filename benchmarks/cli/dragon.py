@@ -33,7 +33,8 @@ def latency(
         "drcg-text, drcg-kv, drdg-sw, drdg-tw, dragon, dragon-side (ours: one row per side), "
         "dragon-side-static (ours: one row per side, retrieval scores as weights), "
         "dragon-side-static-own / -peer (the same with branch drafts after its own second "
-        "choice / after the peer's token).",
+        "choice / after the peer's token), dragon-side-static-mirror (the same, both sides "
+        "resolving).",
     ),  # fmt: skip
     public: str = PUBLIC,
     private: str = PRIVATE,

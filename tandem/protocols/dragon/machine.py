@@ -20,7 +20,8 @@ Events (methods) and what they do:
     own_branch(d)       keep it (until its position is resolved), send it to the peer
     peer_draft(d)       drop if stale, else queue it (a branch draft: keep it, or queue it
                         if the rejection it waits for already happened), try to aggregate
-    target(t, x)        the peer aggregated position t to x: resolve
+    target(t, x)        the peer aggregated position t to x: resolve (or, if this side
+                        mirrored t already, check that it found x too)
     switch(t, x, side)  the same, and `side` aggregates from t + 1 on
     link_lost(reason)   device: degrade (its own drafts become the target tokens, no token
                         lost); cloud: finish ("aborted")
@@ -30,6 +31,14 @@ Actions (returned in the order they must happen): `SendDraft`, `SendTarget`, `Se
 `Decided` (the scheduler's inputs and output, for the report), `MakeBranch` (ask the decoder
 for a branch draft), `Finished` (length, eos or aborted). After `Finished` every event
 returns no action.
+
+Mirroring (`mirror=True`). Both sides hold both draft queues with the laws as sent, and
+Algorithm 1 draws from the position seed, so the side that does not aggregate can run the
+same rule on the same two drafts the moment it holds both, instead of waiting for the
+aggregator's verdict a one-way trip later; the verdict then only confirms (a mismatch raises).
+A rejected side thus learns of it as soon as the peer's draft arrives, and a switch of the
+aggregator costs the resolutions nothing. The aggregator still runs the scheduler and sends
+targets and switches; the output is the same (the same rule on the same inputs).
 
 Branch drafts (`branch`; queues.py defines them). A side that does not aggregate learns
 that its draft at t was rejected a one-way trip after the aggregator knew, and only then
@@ -155,11 +164,13 @@ class SideMachine:
         slope_weight: float,
         eos_id: int | None = None,
         branch: str = "off",
+        mirror: bool = False,
     ):
         """`latency`: the starting decode-cost model of each side (updated from every draft
         seen); `rtt`: the driver's current round-trip estimate for one aggregation (seconds),
         read when the scheduler decides and before asking for a branch; `branch`: which
-        branch drafts to make, "off" | "peer" | "own" (module docstring)."""
+        branch drafts to make, "off" | "peer" | "own"; `mirror`: resolve without waiting
+        for the aggregator (module docstring)."""
         self.role, self.peer = role, peer_of(role)
         self.rule, self.scheduler, self.rtt = rule, scheduler, rtt
         self.max_new_tokens, self.eos_id = max_new_tokens, eos_id
@@ -177,7 +188,8 @@ class SideMachine:
         self.drafts_dropped = dict.fromkeys(SIDES, 0)
         self.switches: list[tuple[int, str]] = []  # (position, new aggregator)
         self.decode_times: dict[str, list[tuple[int, float]]] = {side: [] for side in SIDES}
-        self.branch = branch
+        self.branch, self.mirror = branch, mirror
+        self.mirrored = 0  # positions this side resolved without the aggregator's verdict
         self.branches: dict[str, dict[tuple[int, int], Draft]] = {side: {} for side in SIDES}
         # side -> (epoch, position, token) of the rejection that started its current epoch
         self.last_rejection: dict[str, tuple[int, int, int] | None] = dict.fromkeys(SIDES)
@@ -226,10 +238,16 @@ class SideMachine:
     def target(self, position: int, token: int) -> list[Action]:
         if self.finished:
             return []
-        if position != len(self.committed):
-            raise ValueError(f"target for position {position}, expected {len(self.committed)}")
         if self.aggregator == self.role:
             raise ValueError("target token from the peer while this side aggregates")
+        if self.mirror and position < len(self.committed):  # mirrored: the verdict confirms
+            if self.committed[position] != token:
+                raise ValueError(
+                    f"target {token} at position {position}, mirrored {self.committed[position]}"
+                )
+            return []
+        if position != len(self.committed):
+            raise ValueError(f"target for position {position}, expected {len(self.committed)}")
         return self._resolve(position, token, by=self.peer)
 
     def switch(self, position: int, token: int, aggregator: str) -> list[Action]:
@@ -348,6 +366,22 @@ class SideMachine:
                 actions.append(SendTarget(position, token, resolved[0].accepted))
             actions.append(Decided(position, decision, estimates))
             self.aggregator = decision.aggregator
+        return actions + self._mirror()
+
+    def _mirror(self) -> list[Action]:
+        """Resolve, on the side that does not aggregate, every position whose two drafts are
+        here (`mirror`): what the aggregator's rule gives, without its verdict."""
+        actions: list[Action] = []
+        while self.mirror and not (self.finished or self.degraded or self.aggregator == self.role):
+            position = len(self.committed)
+            mine = self.queues[self.role].front_at(position)
+            theirs = self.queues[self.peer].front_at(position)
+            if mine is None or theirs is None:
+                break
+            device, cloud = (mine, theirs) if self.role == DEVICE else (theirs, mine)
+            token = self.rule.aggregate(device, cloud)
+            actions += self._resolve(position, token, by=self.aggregator)
+            self.mirrored += 1
         return actions
 
     def _resolve(self, position: int, token: int, *, by: str) -> list[Action]:

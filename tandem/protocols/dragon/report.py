@@ -48,6 +48,7 @@ class SideReport:
     drafts_dropped: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SIDES, 0))
     branches_made: int = 0  # branch drafts this side made and sent (machine.py)
     branches_adopted: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SIDES, 0))
+    mirrored: int = 0  # positions resolved before the aggregator's verdict (machine.py)
     decodes_cancelled: int = 0
     rollbacks: int = 0
     docs: list[tuple[str, float]] = field(default_factory=list)  # (doc id, retrieval score)
@@ -121,6 +122,7 @@ class SideReport:
             "drafts_dropped": self.drafts_dropped,
             "branches_made": self.branches_made,
             "branches_adopted": self.branches_adopted,
+            "mirrored": self.mirrored,
             "decodes_cancelled": self.decodes_cancelled,
             "rollbacks": self.rollbacks,
             "docs": [list(d) for d in self.docs],

@@ -117,6 +117,7 @@ class DragonSide(SideIO):
             slope_weight=config.slope_weight,
             eos_id=self.eos_id,
             branch=config.branch,
+            mirror=config.mirror,
         )
         self.error: BaseException | None = None
         self._seq = 0
@@ -342,6 +343,7 @@ class DragonSide(SideIO):
         report.drafts_dropped = dict(machine.drafts_dropped)
         report.branches_made = machine.branches_made
         report.branches_adopted = dict(machine.branches_adopted)
+        report.mirrored = machine.mirrored
         report.decode_times = {side: list(t) for side, t in machine.decode_times.items()}
         shown = report.tokens[:-1] if report.finish_reason == "eos" else report.tokens
         report.text = self.lm.tokenizer.decode(shown)

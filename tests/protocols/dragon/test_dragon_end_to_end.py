@@ -358,3 +358,24 @@ def test_branch_drafts_are_used_and_change_nothing_but_timing(
         tiny_lm, tiny_lm_b, corpora, dataclasses.replace(cfg, branch="off"), link=SLOW_LINK
     )
     assert off[0].tokens == expected and off[0].branches_made + off[1].branches_made == 0
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_mirroring_changes_nothing_but_timing(tiny_lm, tiny_lm_b, corpora, strategy, temperature):
+    """With `mirror` the side that does not aggregate resolves each position itself from the
+    two drafts it holds (the aggregator's verdicts only confirm, a mismatch would fail the
+    session): the output is still the centralised reference's on a 40 ms link, every strategy,
+    greedy and sampled; both sides resolved every position, the one that does not aggregate
+    without waiting for verdicts."""
+    cfg = config(strategy=strategy, temperature=temperature, seed=5, max_new_tokens=24, mirror=True)
+    reference = central(tiny_lm, tiny_lm_b, corpora, cfg)
+    expected = reference.greedy() if temperature == 0 else reference.sampled()
+    device, cloud = dragon(tiny_lm, tiny_lm_b, corpora, cfg, link=SLOW_LINK)
+    assert device.tokens == expected and cloud.tokens == expected
+    assert not device.degraded and device.finish_reason == "length"
+    assert len(device.resolutions) == len(cloud.resolutions) == len(expected)
+    if strategy == "cloud":  # the device never aggregates: it resolved without verdicts
+        assert device.mirrored > 0 and cloud.mirrored == 0
+    if strategy == "device":
+        assert cloud.mirrored > 0 and device.mirrored == 0

@@ -45,7 +45,7 @@ def draft(
 
 def machine(
     role="device", *, targets=None, strategy="device", first="device", tokens=8, eos=None,
-    branch="off", rtt=0.05,
+    branch="off", rtt=0.05, mirror=False,
 ):  # fmt: skip
     return SideMachine(
         role,
@@ -59,6 +59,7 @@ def machine(
         slope_weight=0.1,
         eos_id=eos,
         branch=branch,
+        mirror=mirror,
     )
 
 
@@ -276,3 +277,27 @@ def test_own_branching_is_on_only_while_a_branch_pays():
     peer = machine("cloud", first="device", branch="peer", rtt=0.6)
     peer.own_draft(draft("cloud", 0, 5))
     assert not peer.own_branching()
+
+
+# ---- mirroring ----------------------------------------------------------------------------
+
+
+def test_the_side_that_does_not_aggregate_mirrors_and_the_verdict_confirms():
+    m = machine("cloud", targets={0: 9, 1: 3}, first="device", mirror=True)
+    assert kinds(m.own_draft(draft("cloud", 0, 5))) == ["SendDraft"]
+    (committed,) = m.peer_draft(draft("device", 0, 9))  # both here: resolved at once
+    assert committed == Committed(0, 9, "device", True, {"device": True, "cloud": False}, 1,
+                                  {"device": 1.0, "cloud": 0.0})  # fmt: skip
+    assert m.committed == [9] and m.epochs == {"device": 0, "cloud": 1} and m.mirrored == 1
+    assert m.target(0, 9) == []  # the aggregator's verdict only confirms
+    with pytest.raises(ValueError, match="mirrored 9"):
+        m.target(0, 4)
+    # a switch after a mirrored position moves the role and aggregates what is queued
+    m.peer_draft(draft("device", 1, 3))
+    actions = m.own_draft(draft("cloud", 1, 3, epoch=1))
+    assert kinds(actions) == ["SendDraft", "Committed"] and m.committed == [9, 3]
+    assert m.switch(1, 3, "cloud") == [] and m.aggregator == "cloud"
+    # without mirroring the same side waits for the verdict
+    waiting = machine("cloud", targets={0: 9}, first="device")
+    waiting.own_draft(draft("cloud", 0, 5))
+    assert waiting.peer_draft(draft("device", 0, 9)) == [] and waiting.committed == []
