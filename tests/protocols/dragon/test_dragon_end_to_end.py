@@ -343,9 +343,10 @@ def test_branch_drafts_are_used_and_change_nothing_but_timing(
     fixed aggregator and sampling every run here adopted some; greedy "own" branches of these
     random models were never the target); the output is still the centralised reference's, token for
     token, as without branches."""
-    cfg = config(
-        strategy=strategy, temperature=temperature, seed=5, max_new_tokens=24, branch=branch
-    )
+    cfg = config(  # without mirroring: with it a "peer" pair is resolved when it is complete
+        strategy=strategy, temperature=temperature, seed=5, max_new_tokens=24, branch=branch,
+        mirror=False,
+    )  # fmt: skip
     reference = central(tiny_lm, tiny_lm_b, corpora, cfg)
     expected = reference.greedy() if temperature == 0 else reference.sampled()
     device, cloud = dragon(tiny_lm, tiny_lm_b, corpora, cfg, link=SLOW_LINK)
