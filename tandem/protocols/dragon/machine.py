@@ -1,5 +1,9 @@
 """One side of Speculative Aggregation as a sans-I/O state machine: events in, actions out.
 
+Why one file: every rule below reads and writes the same state (both draft queues, the
+epochs, the kept branch drafts, who aggregates, what is committed), and each event runs
+several rules in a fixed order; split, each part would need all of it.
+
 No asyncio, no threads, no clock, no sockets (h11's shape). The live side
 (`session.DragonSide`) feeds it the drafts its decoder makes and the messages the peer sends,
 and carries out the actions it returns; the Fig. 8 replay (`benchmarks/dragon_sched`) feeds
