@@ -42,8 +42,9 @@ from tandem.testbed.cpus import loadavg
 
 METHODS = ("crcg-device", "crcg-cloud", "drcg-text", "drcg-kv", "drdg-sw", "drdg-tw", "dragon")
 # Not the paper's, run only when asked for: DRAGON with one decode row per side holding all its
-# documents (DragonConfig.rows = "side"), and the same with static relevance weights (the
-# retrieval scores, as Fig. 5's perplexity bench weighs documents; no re-scoring while decoding)
+# documents (DragonConfig.rows = "side"), the same with static relevance weights (the
+# retrieval scores, as Fig. 5's perplexity bench weighs documents; no re-scoring while
+# decoding), and that with branch drafts ("own", "peer") or mirrored resolution
 EXTRA_METHODS = (
     "dragon-side", "dragon-side-static", "dragon-side-static-own", "dragon-side-static-peer",
     "dragon-side-static-mirror",
