@@ -34,10 +34,7 @@ def timeline_rows(runs: list[dict], delays, methods=("dragon",)) -> list[dict]:
             critical = {
                 p: statistics.fmean(t["critical_ms_per_token"][p] for t in found) for p in CRITICAL
             }
-            work = {  # .get: files written before a phase existed
-                p: statistics.fmean(t["work_ms_per_token"].get(p, 0.0) for t in found)
-                for p in PHASES
-            }
+            work = {p: statistics.fmean(t["work_ms_per_token"][p] for t in found) for p in PHASES}
             cpu = {
                 "decode_ms_per_token": statistics.fmean(
                     t["cpu_ms_per_token"]["decode"] for t in found

@@ -189,6 +189,14 @@ class CausalLM(Protocol):
         ...
 
 
+def release(lm: CausalLM, state: State) -> None:
+    """Give `state`'s cache back to `lm` now if the backend can (`free`: llama.cpp, where
+    a row's cells lie changes its logits a little); otherwise it goes when collected."""
+    free = getattr(lm, "free", None)
+    if free is not None:
+        free(state)
+
+
 # -- input normalisation shared by the backends ----------------------------------------------
 
 

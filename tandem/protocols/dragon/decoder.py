@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from tandem.models.base import CausalLM, State
+from tandem.models.base import CausalLM, State, release
 from tandem.retrieval.scorer import RelevanceScorer
 from tandem.sampling.aggregation import document_mixture, side_logweight
 
@@ -310,8 +310,6 @@ class DocDecoder:
             self.lm.decode(fork, [[tokens[-1]]] * self.num_rows, cancel=cancel)
             logits, context = fork.logits, max(fork.lengths)
         finally:
-            free = getattr(self.lm, "free", None)
-            if free is not None:
-                free(fork)
+            release(self.lm, fork)
             self._clock("branch", began, cpu)
         return self._law_of(logits, tokens), context

@@ -351,11 +351,9 @@ class SideMachine:
             if self.degraded:  # the local law alone: the draft is a sample of it
                 actions += self._resolve(position, mine.token, by=self.role)
                 continue
-            theirs = self.queues[self.peer].front_at(position)
-            if theirs is None:
+            token = self._aggregate_at(position)
+            if token is None:
                 break
-            device, cloud = (mine, theirs) if self.role == DEVICE else (theirs, mine)
-            token = self.rule.aggregate(device, cloud)
             resolved = self._resolve(position, token, by=self.role)
             actions += resolved
             estimates = None if self.finished else self.estimates()
@@ -372,18 +370,22 @@ class SideMachine:
             self.aggregator = decision.aggregator
         return actions + self._mirror()
 
+    def _aggregate_at(self, position: int) -> int | None:
+        """The rule's target token at `position`, None until both drafts are here."""
+        drafts = {side: self.queues[side].front_at(position) for side in SIDES}
+        if None in drafts.values():
+            return None
+        return self.rule.aggregate(drafts[DEVICE], drafts[CLOUD])
+
     def _mirror(self) -> list[Action]:
         """Resolve, on the side that does not aggregate, every position whose two drafts are
         here (`mirror`): what the aggregator's rule gives, without its verdict."""
         actions: list[Action] = []
         while self.mirror and not (self.finished or self.degraded or self.aggregator == self.role):
             position = len(self.committed)
-            mine = self.queues[self.role].front_at(position)
-            theirs = self.queues[self.peer].front_at(position)
-            if mine is None or theirs is None:
+            token = self._aggregate_at(position)
+            if token is None:
                 break
-            device, cloud = (mine, theirs) if self.role == DEVICE else (theirs, mine)
-            token = self.rule.aggregate(device, cloud)
             actions += self._resolve(position, token, by=self.aggregator)
             self.mirrored += 1
         return actions

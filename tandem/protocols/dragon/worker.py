@@ -110,9 +110,6 @@ class DraftWorker:
             if epoch != self.epoch or not 0 <= ahead < len(self.pending):
                 self.branch_requests.pop(0)
                 continue
-            if self.pending[ahead] == token:  # cannot happen: x always differs from the draft
-                self.branch_requests.pop(0)
-                continue
             return self.base + self.pending[:ahead] + [token], t, token, epoch
         return None
 

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 import torch
 
-from tandem.models.base import CausalLM, State
+from tandem.models.base import CausalLM, State, release
 
 
 class LMContext:
@@ -52,9 +52,8 @@ class LMContext:
         on a fresh model (token calls' bit-exactness depends on it, module docstring). A
         backend that can (`free`: llama.cpp) takes the cells back at once; otherwise they go
         when the state is collected."""
-        free = getattr(self.lm, "free", None)
-        if self.state is not None and free is not None:
-            free(self.state)
+        if self.state is not None:
+            release(self.lm, self.state)
         self.state = None
 
     @property
