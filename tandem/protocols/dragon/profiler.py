@@ -28,6 +28,8 @@ Words used here:
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 import threading
 import time
 from collections import defaultdict
@@ -123,9 +125,12 @@ def cached_profile(lm, *, batch: int, cache_dir: Path, **kwargs) -> LatencyModel
             pass  # unreadable: profile again
     model = profile_decode(lm, batch=batch, **kwargs)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(asdict(model)))
-    tmp.replace(path)
+    # The device and the cloud of one testbed may profile the same model at once: each writes
+    # its own temporary file (a shared name let one writer move the other's file away).
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    with os.fdopen(fd, "w") as out:
+        out.write(json.dumps(asdict(model)))
+    os.replace(tmp, path)
     return model
 
 

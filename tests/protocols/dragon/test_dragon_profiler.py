@@ -10,6 +10,7 @@ from tandem.protocols.dragon.profiler import (
     AcceptanceTracker,
     LatencyModel,
     LinkEstimator,
+    cached_profile,
     fit_latency,
 )
 from tandem.protocols.dragon.wire import pad_message
@@ -124,3 +125,41 @@ def test_live_session_reports_both_timelines(tiny_lm, tiny_lm_b, corpora):
             assert min(row["own_ms"], row["peer_ms"], row["resolve_ms"]) >= -1e-6
     assert device.peer_timeline["per_token"] == cloud.timeline["per_token"]
     assert device.summary()["peer_timeline"] == device.peer_timeline  # saved with the results
+
+
+def test_profile_cache_survives_two_writers_at_once(tmp_path, monkeypatch):
+    """The device and the cloud of one testbed profile the same model at once: both write
+    before either moves its file into place (a shared temporary name failed here in CI)."""
+    import os
+    import threading
+    import types
+
+    from tandem.protocols.dragon import profiler
+
+    monkeypatch.setattr(profiler, "profile_decode", lambda lm, **kw: LatencyModel(intercept=0.01))
+    both_written = threading.Barrier(2, timeout=10)
+    real_replace = os.replace
+
+    def replace_after_both_wrote(src, dst):
+        both_written.wait()
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace_after_both_wrote)
+    lm = types.SimpleNamespace(fingerprint="f" * 40)
+    errors = []
+
+    def profile():
+        try:
+            cached_profile(lm, batch=2, cache_dir=tmp_path)
+        except Exception as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=profile) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert [p.name for p in tmp_path.iterdir()] == ["ffffffffffffffffffffffff-batch2.json"]
+    monkeypatch.undo()
+    assert cached_profile(lm, batch=2, cache_dir=tmp_path).intercept == 0.01
