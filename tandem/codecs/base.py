@@ -58,6 +58,9 @@ class Codec(Protocol):
         """The parameters `decode` depends on; both sides must agree on them (handshake)."""
         ...
 
+    # probs: [vocab] -> (encode(probs), transmitted_probs(probs)), computed together
+    def encode_sent(self, probs: torch.Tensor) -> tuple[bytes, torch.Tensor]: ...
+
     # probs: [vocab]; an upper bound on TV(probs, transmitted_probs(probs))
     def tv_bound(self, probs: torch.Tensor) -> float: ...
 
@@ -86,6 +89,11 @@ class CodecBase:
         sent = np.stack([self._sent_row(as_numpy_probs(row)) for row in probs_rows(probs)])
         return torch.from_numpy(sent).reshape(probs.shape).to(probs.device)
 
+    def encode_sent(self, probs: torch.Tensor) -> tuple[bytes, torch.Tensor]:
+        """(payload, sent probs) of one [vocab] row; codecs that can share the work between
+        the two override this (a drafter needs both for every token)."""
+        return self.encode(probs), self.transmitted_probs(probs)
+
     def observe(self, probs: torch.Tensor) -> None:
         """Stateless: nothing to learn from a drafted token."""
 
@@ -108,8 +116,7 @@ class Draft:
 def draft(codec: Codec, draft_probs: torch.Tensor, generator: torch.Generator) -> Draft:
     """Encode `draft_probs` ([vocab]), sample the draft token from the sent probs, advance the
     codec's sender state. This is the QS step every drafter should use."""
-    payload = codec.encode(draft_probs)
-    sent_probs = codec.transmitted_probs(draft_probs)
+    payload, sent_probs = codec.encode_sent(draft_probs)
     token = sample_one(sent_probs, generator)
     codec.observe(draft_probs)
     return Draft(token=token, sent_probs=sent_probs, payload=payload)

@@ -128,12 +128,21 @@ class SparseCodec(CodecBase):
     def decode(self, data: bytes, vocab_size: int) -> torch.Tensor:
         return decode_sparse(data, vocab_size)
 
+    def encode_sent(self, probs: torch.Tensor) -> tuple[bytes, torch.Tensor]:
+        """One validation and one sort for both (DRAGON drafts every token with this)."""
+        values = as_numpy_probs(probs)
+        ids = self.kept_ids(values)
+        return encode_sparse(values, ids), torch.from_numpy(self._sent_at(values, ids))
+
     def bits(self, probs: torch.Tensor) -> int:
         values = as_numpy_probs(probs)
         return sparse_bits(values.shape[0], self.kept_ids(values).shape[0])
 
     def _sent_row(self, probs: np.ndarray) -> np.ndarray:
-        ids = self.kept_ids(probs)
+        return self._sent_at(probs, self.kept_ids(probs))
+
+    @staticmethod
+    def _sent_at(probs: np.ndarray, ids: np.ndarray) -> np.ndarray:
         sent = np.zeros(probs.shape[0], dtype=np.float32)
         sent[ids] = normalized_fp16(to_fp16(probs[ids]))
         return sent

@@ -77,6 +77,18 @@ def test_round_trip_is_exact_and_within_bound(name, dist):
 
 
 @pytest.mark.parametrize("name", CODEC_NAMES)
+@pytest.mark.parametrize("dist", DISTRIBUTIONS)
+def test_encode_sent_is_encode_and_transmitted_probs(name, dist):
+    """The one-pass form a drafter uses gives the same bytes and the same probs."""
+    probs = DISTRIBUTIONS[dist]()
+    payload, sent = make_codec(name).encode_sent(probs)
+    codec = make_codec(name)
+    assert payload == codec.encode(probs)
+    expected = codec.transmitted_probs(probs)
+    assert sent.dtype == expected.dtype and torch.equal(sent, expected)
+
+
+@pytest.mark.parametrize("name", CODEC_NAMES)
 def test_small_parameters_round_trip(name):
     codec = make_codec(name, **SMALL_PARAMS.get(name, {}))
     for seed in range(20):

@@ -137,10 +137,13 @@ def side_law(
     """The side's locally aggregated law from its per-document next-token logits."""
     assert logits.dim() == 2 and scores.shape == (logits.shape[0],), (logits.shape, scores.shape)
     scale = temperature if temperature > 0 else 1.0
-    doc_probs = torch.softmax(logits.float() / scale, dim=-1)  # [docs, vocab]
+    scaled = logits.float() if scale == 1.0 else logits.float() / scale  # x / 1 is x: no pass
+    doc_probs = torch.softmax(scaled, dim=-1)  # [docs, vocab]
     relevance = torch.from_numpy(np.asarray(scores, dtype=np.float32))  # [docs]
+    # one row: its weight softmax([r]) is exactly 1, so the mixture is the row itself
+    probs = doc_probs[0] if len(scores) == 1 else document_mixture(doc_probs, relevance)
     return SideLaw(
-        probs=document_mixture(doc_probs, relevance),
+        probs=probs,
         logweight=float(side_logweight(relevance.double())),
         doc_weights=torch.softmax(relevance.double(), dim=0).numpy(),
     )

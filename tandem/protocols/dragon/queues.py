@@ -64,8 +64,7 @@ def make_draft(
     (seed, side, position), so a redraft after a rollback is as fresh as the first one.
     """
     if greedy:
-        payload = codec.encode(law.probs)
-        sent_probs = codec.transmitted_probs(law.probs)
+        payload, sent_probs = codec.encode_sent(law.probs)
         token = int(sent_probs.argmax())
         codec.observe(law.probs)
     else:

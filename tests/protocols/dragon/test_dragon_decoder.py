@@ -136,3 +136,17 @@ def test_side_law_is_the_relevance_weighted_mixture():
     assert law.logweight == pytest.approx(float(torch.logsumexp(torch.tensor([1.0, 0.0]), 0)))
     hot = side_law(logits, scores, temperature=0.5)
     assert torch.allclose(hot.probs, weights @ torch.softmax(logits / 0.5, -1))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0, 0.7])
+def test_one_row_side_law_is_the_mixture_bit_for_bit(temperature):
+    """One row skips the mixture (its weight is exactly 1) and x / 1 skips the division:
+    the same bits as the general form, so aggregation and replays see the same law."""
+    from tandem.sampling.aggregation import document_mixture
+
+    logits = torch.randn(1, 5000, generator=torch.Generator().manual_seed(3)) * 4
+    scores = np.array([0.37], dtype=np.float32)
+    law = side_law(logits, scores, temperature=temperature)
+    scale = temperature if temperature > 0 else 1.0
+    general = document_mixture(torch.softmax(logits / scale, -1), torch.tensor([0.37]))
+    assert torch.equal(law.probs, general)
