@@ -103,6 +103,30 @@ def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     return tokens.reshape(probs.shape[:-1])
 
 
+def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Row r's token whose cumulative-mass interval holds u[r] * its total, in float64.
+
+    probs: [rows, vocab] non-negative, need not be normalized; u: [rows] in [0, 1).
+    P(token j) = probs[r, j] / total up to float64 round-off. A token of mass 0 owns an empty
+    interval; only a round-off can return one, and callers check (see `sample_rows`)."""
+    cdf = probs.double().cumsum(dim=-1)  # [rows, vocab]
+    target = (u.double() * cdf[:, -1]).unsqueeze(-1)  # [rows, 1]
+    index = torch.searchsorted(cdf, target, right=True).squeeze(-1)
+    return index.clamp_max(probs.shape[-1] - 1)
+
+
+def sample_rows(probs: torch.Tensor, u: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """One token per row of `probs` ([rows, vocab]) from the given uniforms `u` ([rows]):
+    `inverse_cdf`, with `torch.multinomial` (on `generator`) for a row whose round-off lands
+    on a token of mass 0. Each row costs one uniform the caller drew, whatever it holds; over
+    a 152K vocabulary about a tenth of `torch.multinomial`'s time on one core."""
+    tokens = inverse_cdf(probs, u)
+    missed = probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) <= 0
+    if bool(missed.any()):
+        tokens = torch.where(missed, sample(probs, generator), tokens)
+    return tokens
+
+
 BLOCK = 256  # tokens per block of `sample_one`'s two-level search
 
 
