@@ -212,6 +212,16 @@ class LlamaCppLM:
             )
         return [self._free.pop() for _ in range(n)]
 
+    def rows_in_use(self) -> int:
+        """Sequences holding KV cells now (freed and collected states' rows not counted once
+        wiped). Every decode attends over all cells in use in this unified cache, so rows
+        left behind slow every later decode of the process."""
+        with self._lock:
+            return sum(
+                int(self._lib.llama_memory_seq_pos_max(self._mem, seq) >= 0)
+                for seq in range(self.n_seq_max)
+            )
+
     @property
     def n_seq_max(self) -> int:
         return int(self._lib.llama_n_seq_max(self._ctx))

@@ -238,6 +238,9 @@ def worker_main(argv: list[str] | None = None) -> None:
     for line in sys.stdin:
         try:
             answer = asyncio.run(run_one(setup, host, port, json.loads(line)))
+            rows = getattr(setup.lm, "rows_in_use", None)  # rows left behind slow later runs
+            if rows is not None:
+                answer["device_rows_in_use"] = rows()
         except Exception as exc:  # noqa: BLE001 - reported to the orchestrator, which raises
             answer = {"error": f"{type(exc).__name__}: {exc}"}
         print(MARK + json.dumps(answer), flush=True)

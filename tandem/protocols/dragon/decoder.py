@@ -262,6 +262,12 @@ class DocDecoder:
             self.decode_calls += 1
         return len(todo)
 
+    def close(self) -> None:
+        """Free the rows' cache now (`models.base.release`); the decoder is unusable after."""
+        if self.state is not None:
+            release(self.lm, self.state)
+            self.state = None
+
     def _clock(self, phase: str, began: float, cpu: float | None = None) -> float:
         """Wall time since `began` (and this thread's CPU time since `cpu`) to `phase`."""
         if self.clock is None:

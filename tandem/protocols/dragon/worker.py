@@ -119,8 +119,10 @@ class DraftWorker:
             self.cancel.set()
             self._cond.notify_all()
 
-    def join(self, timeout: float | None = None) -> None:
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait for the thread; True once it has ended (its decoder is then free to close)."""
         self._thread.join(timeout)
+        return not self._thread.is_alive()
 
     def _wants_draft(self) -> bool:
         if len(self.base) + len(self.pending) >= self.max_new_tokens:

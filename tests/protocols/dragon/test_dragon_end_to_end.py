@@ -388,3 +388,22 @@ def test_mirroring_changes_nothing_but_timing(tiny_lm, tiny_lm_b, corpora, strat
         assert device.mirrored > 0 and cloud.mirrored == 0
     if strategy == "device":
         assert cloud.mirrored > 0 and device.mirrored == 0
+
+
+def test_sessions_free_their_rows_at_the_end(tiny_lm, tiny_lm_b, corpora, monkeypatch):
+    """Each side frees its decoder's rows when the session ends, without waiting for the
+    cyclic collector (llama.cpp: rows left in use slow every later decode of the process)."""
+    import gc
+
+    freed = {"device": [], "cloud": []}
+    monkeypatch.setattr(tiny_lm, "free", freed["device"].append, raising=False)
+    monkeypatch.setattr(tiny_lm_b, "free", freed["cloud"].append, raising=False)
+    gc.disable()
+    try:
+        device, cloud = dragon(tiny_lm, tiny_lm_b, corpora, config(), link=LINK)
+    finally:
+        gc.enable()
+    assert device.tokens == cloud.tokens and not device.degraded
+    assert len(freed["device"]) == 1 and len(freed["cloud"]) == 1
+    rows = config().docs_per_side  # one row per document
+    assert freed["device"][0].batch == freed["cloud"][0].batch == rows
