@@ -59,23 +59,14 @@ LABELS = {
     "dragon-side-static-mirror": "DRAGON, 1 row/side, static, mirrored resolution",
 }  # fmt: skip
 # every DRAGON variant the bench runs: its DragonConfig fields beyond the bench's own
+_STATIC = {"rows": "side", "scorer": "static"}  # one row per side, retrieval scores as weights
 DRAGONS = {  # the variants measured before mirroring existed keep it off
     "dragon": {"mirror": False},
     "dragon-side": {"rows": "side", "mirror": False},
-    "dragon-side-static": {"rows": "side", "scorer": "static", "mirror": False},
-    "dragon-side-static-own": {
-        "rows": "side",
-        "scorer": "static",
-        "branch": "own",
-        "mirror": False,
-    },
-    "dragon-side-static-peer": {
-        "rows": "side",
-        "scorer": "static",
-        "branch": "peer",
-        "mirror": False,
-    },
-    "dragon-side-static-mirror": {"rows": "side", "scorer": "static", "mirror": True},
+    "dragon-side-static": {**_STATIC, "mirror": False},
+    "dragon-side-static-own": {**_STATIC, "branch": "own", "mirror": False},
+    "dragon-side-static-peer": {**_STATIC, "branch": "peer", "mirror": False},
+    "dragon-side-static-mirror": {**_STATIC, "mirror": True},
 }
 
 
