@@ -41,6 +41,9 @@ def timeline_rows(runs: list[dict], delays, methods=("dragon",)) -> list[dict]:
                 ),
                 "prefill_ms": statistics.fmean(t["startup_cpu_ms"]["prefill"] for t in found),
             }
+            process = [t["cpu_ms_per_token"].get("process") for t in found]
+            if all(p is not None for p in process):  # files before the process clock lack it
+                cpu["process_ms_per_token"] = statistics.fmean(process)
             rows.append(
                 {
                     "method": method, "delay_ms": delay, "side": side, "runs": len(found),

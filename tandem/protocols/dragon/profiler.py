@@ -214,6 +214,9 @@ class Timeline:
         self.own: dict[int, float] = {}  # position -> perf_counter when our draft was queued
         self.peer: dict[int, float] = {}  # position -> the peer's draft or target arrived
         self.commit: dict[int, float] = {}  # position -> resolved here
+        # this process's CPU seconds at the first and the latest resolution: every thread's
+        # work per output token (decode + the per-token Python), as `mean_gap_ms` counts it
+        self.process_cpu: tuple[float, float] | None = None  # (first, latest)
         self.started = time.perf_counter()
 
     def add(self, phase: str, seconds: float, *, cpu: bool = False) -> None:
@@ -232,6 +235,9 @@ class Timeline:
         """`what`: "own" | "peer" | "commit"; a later mark for a position replaces the earlier
         one (a redraft after a rejection is the draft that counts)."""
         getattr(self, what)[position] = time.perf_counter()
+        if what == "commit":
+            now = time.process_time()
+            self.process_cpu = (self.process_cpu or (now, now))[0], now
 
     def critical(self) -> list[dict]:
         """Per resolved position: gap since the previous one (or since the start) in ms, split
@@ -253,11 +259,16 @@ class Timeline:
     def summary(self) -> dict:
         """JSON: mean ms per output token of every phase and its share of the mean gap between
         target tokens (the first token, TTFT, is split apart and left out of the means)."""
-        return summarize(dict(self.totals), self.critical(), dict(self.cpu))
+        cpu = dict(self.cpu)
+        if self.process_cpu is not None and len(self.commit) > 1:
+            first, last = self.process_cpu
+            cpu["process_per_later_token"] = (last - first) / (len(self.commit) - 1)
+        return summarize(dict(self.totals), self.critical(), cpu)
 
 
 def summarize(totals: dict[str, float], critical: list[dict], cpu: dict | None = None) -> dict:
     tokens = len(critical)
+    process = (cpu or {}).get("process_per_later_token")
     later = critical[1:]
     gap = float(np.mean([r["gap_ms"] for r in later])) if later else 0.0
     work = {phase: 1e3 * totals.get(phase, 0.0) / max(tokens, 1) for phase in PHASES}
@@ -274,7 +285,11 @@ def summarize(totals: dict[str, float], critical: list[dict], cpu: dict | None =
         "critical_ms_per_token": path,
         "critical_share": {p: (v / gap if gap else None) for p, v in path.items()},
         "startup_ms": {phase: 1e3 * totals.get(phase, 0.0) for phase in STARTUP},
-        "cpu_ms_per_token": {"decode": 1e3 * (cpu or {}).get("decode", 0.0) / max(tokens, 1)},
+        "cpu_ms_per_token": {
+            "decode": 1e3 * (cpu or {}).get("decode", 0.0) / max(tokens, 1),
+            # every thread of this side's process between the first and the last resolution
+            "process": None if process is None else 1e3 * process,
+        },
         "startup_cpu_ms": {"prefill": 1e3 * (cpu or {}).get("prefill", 0.0)},
         "per_token": critical,
     }

@@ -158,5 +158,11 @@ def timeline_lines(summary: dict | None, title: str) -> list[str]:
         "  waiting for  " + cells(summary["critical_ms_per_token"], summary["critical_share"]),
         "  busy         " + cells(summary["work_ms_per_token"], summary["work_share"]),
         f"  cpu          decode {summary['cpu_ms_per_token']['decode']:.1f} ms/token, prefill "
-        f"{summary['startup_cpu_ms']['prefill']:.0f} ms (this thread's CPU time)",
+        f"{summary['startup_cpu_ms']['prefill']:.0f} ms (the decoder thread's CPU time)"
+        + process_cpu(summary),
     ]
+
+
+def process_cpu(summary: dict) -> str:
+    process = summary["cpu_ms_per_token"].get("process")
+    return "" if process is None else f"; every thread {process:.1f} ms/token"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -10,6 +11,7 @@ from tandem.protocols.dragon.profiler import (
     AcceptanceTracker,
     LatencyModel,
     LinkEstimator,
+    Timeline,
     cached_profile,
     fit_latency,
 )
@@ -103,6 +105,19 @@ def test_timeline_splits_every_gap_into_own_peer_and_resolve():
     assert summary["work_share"]["decode"] == pytest.approx(300 / 350)
 
 
+def test_process_cpu_counts_the_work_between_the_first_and_the_last_resolution():
+    timeline = Timeline()
+    timeline.mark("commit", 0)
+    assert timeline.summary()["cpu_ms_per_token"]["process"] is None  # one token: no gap
+    began = time.process_time()
+    while time.process_time() - began < 0.02:  # 20 ms of this thread's CPU
+        pass
+    timeline.mark("commit", 1)
+    timeline.mark("commit", 2)
+    process = timeline.summary()["cpu_ms_per_token"]["process"]
+    assert 20 / 2 <= process < 20  # 20+ ms over two later tokens
+
+
 def test_live_session_reports_both_timelines(tiny_lm, tiny_lm_b, corpora):
     from tandem.protocols.dragon import run_pair
 
@@ -119,6 +134,7 @@ def test_live_session_reports_both_timelines(tiny_lm, tiny_lm_b, corpora):
         assert side["tokens"] == 6
         assert side["work_ms_per_token"]["decode"] > 0 and side["work_ms_per_token"]["codec"] > 0
         assert side["cpu_ms_per_token"]["decode"] > 0 and side["startup_cpu_ms"]["prefill"] > 0
+        assert side["cpu_ms_per_token"]["process"] > 0
         for row in side["per_token"]:
             parts = row["own_ms"] + row["peer_ms"] + row["resolve_ms"]
             assert parts == pytest.approx(row["gap_ms"])
