@@ -14,6 +14,7 @@ from tandem.codecs.base import (
     CodecBase,
     CodecError,
     Draft,
+    Sent,
     draft,
     tv_distance,
 )
@@ -57,6 +58,7 @@ __all__ = [
     "Draft",
     "IdentityCodec",
     "KSQSCodec",
+    "Sent",
     "TopKCodec",
     "TopPCodec",
     "draft",

@@ -20,7 +20,7 @@ which are no-ops for the other codecs.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -33,6 +33,17 @@ MAX_VOCAB = 1 << 24  # larger vocabularies are refused before anything is alloca
 
 class CodecError(TandemError, ValueError):
     """A payload that does not decode (wrong length, out-of-range field), or unusable probs."""
+
+
+class Sent(NamedTuple):
+    """One row as a drafter holds it after encoding: the payload, the sent probs, and the
+    *support*, ids outside which the sent probs are exactly 0 (None where the codec does not
+    keep them: dense codecs). A sparse codec's support lets greedy consumers look at a few
+    ids instead of the whole vocabulary."""
+
+    payload: bytes
+    probs: torch.Tensor  # [vocab] float32
+    support: np.ndarray | None = None  # [kept] int64, any order
 
 
 @runtime_checkable
@@ -58,8 +69,13 @@ class Codec(Protocol):
         """The parameters `decode` depends on; both sides must agree on them (handshake)."""
         ...
 
-    # probs: [vocab] -> (encode(probs), transmitted_probs(probs)), computed together
-    def encode_sent(self, probs: torch.Tensor) -> tuple[bytes, torch.Tensor]: ...
+    # probs: [vocab] -> Sent(encode(probs), transmitted_probs(probs), support or None)
+    def encode_sent(self, probs: torch.Tensor) -> Sent: ...
+
+    # -> (decode(data, vocab_size), the support of those probs or None)
+    def decode_sent(
+        self, data: bytes, vocab_size: int
+    ) -> tuple[torch.Tensor, np.ndarray | None]: ...
 
     # probs: [vocab]; an upper bound on TV(probs, transmitted_probs(probs))
     def tv_bound(self, probs: torch.Tensor) -> float: ...
@@ -89,10 +105,14 @@ class CodecBase:
         sent = np.stack([self._sent_row(as_numpy_probs(row)) for row in probs_rows(probs)])
         return torch.from_numpy(sent).reshape(probs.shape).to(probs.device)
 
-    def encode_sent(self, probs: torch.Tensor) -> tuple[bytes, torch.Tensor]:
-        """(payload, sent probs) of one [vocab] row; codecs that can share the work between
-        the two override this (a drafter needs both for every token)."""
-        return self.encode(probs), self.transmitted_probs(probs)
+    def encode_sent(self, probs: torch.Tensor) -> Sent:
+        """Payload and sent probs of one [vocab] row; codecs that can share the work between
+        the two override this (a drafter needs both for every token). No support here."""
+        return Sent(self.encode(probs), self.transmitted_probs(probs))
+
+    def decode_sent(self, data: bytes, vocab_size: int) -> tuple[torch.Tensor, np.ndarray | None]:
+        """`decode`, with the support where the codec knows it (here: None)."""
+        return self.decode(data, vocab_size), None
 
     def observe(self, probs: torch.Tensor) -> None:
         """Stateless: nothing to learn from a drafted token."""
@@ -116,7 +136,7 @@ class Draft:
 def draft(codec: Codec, draft_probs: torch.Tensor, generator: torch.Generator) -> Draft:
     """Encode `draft_probs` ([vocab]), sample the draft token from the sent probs, advance the
     codec's sender state. This is the QS step every drafter should use."""
-    payload, sent_probs = codec.encode_sent(draft_probs)
+    payload, sent_probs, _ = codec.encode_sent(draft_probs)
     token = sample_one(sent_probs, generator)
     codec.observe(draft_probs)
     return Draft(token=token, sent_probs=sent_probs, payload=payload)

@@ -24,6 +24,7 @@ import torch
 from tandem.codecs.base import (
     CodecBase,
     CodecError,
+    Sent,
     as_numpy_probs,
     ceil_log2,
     check_vocab_size,
@@ -89,6 +90,11 @@ def encode_sparse(probs: np.ndarray, ids: np.ndarray) -> bytes:
 
 def decode_sparse(data: bytes, vocab_size: int) -> torch.Tensor:
     """[vocab] float32 probs from a sparse payload; CodecError if it is malformed."""
+    return decode_sparse_support(data, vocab_size)[0]
+
+
+def decode_sparse_support(data: bytes, vocab_size: int) -> tuple[torch.Tensor, np.ndarray]:
+    """([vocab] float32 probs, [K] int64 kept ids) from a sparse payload."""
     check_vocab_size(vocab_size)
     width = index_width(vocab_size)
     raw = np.frombuffer(data, dtype=np.uint8)
@@ -112,7 +118,7 @@ def decode_sparse(data: bytes, vocab_size: int) -> torch.Tensor:
         raise CodecError("sparse payload has out-of-range or repeated token ids")
     sent = np.zeros(vocab_size, dtype=np.float32)
     sent[ids] = normalized_fp16(np.frombuffer(raw[id_bytes:].tobytes(), dtype="<f2"))
-    return torch.from_numpy(sent)
+    return torch.from_numpy(sent), ids
 
 
 class SparseCodec(CodecBase):
@@ -128,11 +134,15 @@ class SparseCodec(CodecBase):
     def decode(self, data: bytes, vocab_size: int) -> torch.Tensor:
         return decode_sparse(data, vocab_size)
 
-    def encode_sent(self, probs: torch.Tensor) -> tuple[bytes, torch.Tensor]:
-        """One validation and one sort for both (DRAGON drafts every token with this)."""
+    def encode_sent(self, probs: torch.Tensor) -> Sent:
+        """One validation and one sort for all three (DRAGON drafts every token with this);
+        the support is the kept ids."""
         values = as_numpy_probs(probs)
         ids = self.kept_ids(values)
-        return encode_sparse(values, ids), torch.from_numpy(self._sent_at(values, ids))
+        return Sent(encode_sparse(values, ids), torch.from_numpy(self._sent_at(values, ids)), ids)
+
+    def decode_sent(self, data: bytes, vocab_size: int) -> tuple[torch.Tensor, np.ndarray]:
+        return decode_sparse_support(data, vocab_size)
 
     def bits(self, probs: torch.Tensor) -> int:
         values = as_numpy_probs(probs)

@@ -81,6 +81,24 @@ def mixture(
     return eta_l * local_probs + eta_r * remote_probs
 
 
+def greedy_aggregate(
+    local_probs: torch.Tensor,  # [vocab]
+    remote_probs: torch.Tensor,  # [vocab]
+    local_logweight: torch.Tensor | float,
+    remote_logweight: torch.Tensor | float,
+    support: torch.Tensor | None = None,  # [n] int64: ids outside which both laws are 0
+) -> int:
+    """The greedy target token: argmax of the aggregate law (ties: the lowest id), what
+    `speculative_aggregate(..., greedy=True)` returns. With `support` the mixture is formed on
+    those ids only (the same float32 operations per id, so the same token): two sparse drafts
+    of a 152K vocabulary then cost a few dozen multiplications instead of three passes."""
+    if support is None:
+        return int(mixture(local_probs, remote_probs, local_logweight, remote_logweight).argmax())
+    ids = torch.unique(support)  # ascending: ties go to the lowest id, as in the dense argmax
+    target = mixture(local_probs[ids], remote_probs[ids], local_logweight, remote_logweight)
+    return int(ids[target.argmax()])
+
+
 def resample_transition(
     own_probs: torch.Tensor,  # [vocab]
     other_probs: torch.Tensor,  # [vocab]

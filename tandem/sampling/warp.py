@@ -103,6 +103,16 @@ def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     return tokens.reshape(probs.shape[:-1])
 
 
+def support_argmax(probs: torch.Tensor, support: torch.Tensor | None = None) -> int:
+    """`probs.argmax()` of a [vocab] row (ties: the lowest id). With `support` ([n] int64 ids,
+    any order, repeats allowed) outside which `probs` is 0, only those ids are read: the same
+    id, without a pass over the vocabulary."""
+    if support is None:
+        return int(probs.argmax())
+    ids = torch.unique(support)  # ascending, so a tie goes to the lowest id as above
+    return int(ids[probs[ids].argmax()])
+
+
 def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Row r's token whose cumulative-mass interval holds u[r] * its total, in float64.
 

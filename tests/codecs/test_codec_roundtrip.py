@@ -79,13 +79,24 @@ def test_round_trip_is_exact_and_within_bound(name, dist):
 @pytest.mark.parametrize("name", CODEC_NAMES)
 @pytest.mark.parametrize("dist", DISTRIBUTIONS)
 def test_encode_sent_is_encode_and_transmitted_probs(name, dist):
-    """The one-pass form a drafter uses gives the same bytes and the same probs."""
+    """The one-pass form a drafter uses gives the same bytes and the same probs; its support
+    (sparse codecs) holds every id the sent probs give mass to, and the receiver's
+    `decode_sent` gives back the same probs and the same support."""
     probs = DISTRIBUTIONS[dist]()
-    payload, sent = make_codec(name).encode_sent(probs)
+    payload, sent, support = make_codec(name).encode_sent(probs)
     codec = make_codec(name)
     assert payload == codec.encode(probs)
     expected = codec.transmitted_probs(probs)
     assert sent.dtype == expected.dtype and torch.equal(sent, expected)
+    decoded, decoded_support = codec.decode_sent(payload, probs.shape[0])
+    assert torch.equal(decoded, expected)
+    if name in ("top-k", "top-p"):
+        outside = torch.ones_like(sent, dtype=torch.bool)
+        outside[torch.from_numpy(support)] = False
+        assert not sent[outside].any()
+        assert sorted(support.tolist()) == sorted(decoded_support.tolist())
+    else:
+        assert support is None and decoded_support is None
 
 
 @pytest.mark.parametrize("name", CODEC_NAMES)

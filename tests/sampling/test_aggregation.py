@@ -106,3 +106,41 @@ def test_float32_batch_and_shape_checks():
         aggregation.speculative_aggregate_batch(
             tokens, local, tokens, remote[:, :6], 0.0, 0.0, generator
         )
+
+
+def sparse_law(vocab: int, ids: list[int], values: list[float]) -> torch.Tensor:
+    probs = torch.zeros(vocab, dtype=torch.float32)
+    probs[torch.tensor(ids)] = torch.tensor(values, dtype=torch.float32)
+    return probs / probs.sum()
+
+
+def test_greedy_aggregate_on_the_supports_equals_the_dense_argmax():
+    """Random sparse laws (as a sparse codec sends them) and random side weights: the token on
+    the union of the supports is the dense mixture's argmax, ties included."""
+    generator = torch.Generator().manual_seed(0)
+    vocab = 1000
+    for trial in range(300):
+        sides = []
+        for _ in range(2):
+            kept = int(torch.randint(1, 6, (1,), generator=generator))
+            ids = torch.randperm(vocab, generator=generator)[:kept].tolist()
+            # coarse values: many exact ties within and across the sides
+            values = torch.randint(1, 4, (kept,), generator=generator).float().tolist()
+            sides.append((sparse_law(vocab, ids, values), torch.tensor(ids)))
+        (local, local_ids), (remote, remote_ids) = sides
+        lw = [0.0, float(torch.randn(1, generator=generator))] if trial % 3 else [0.0, 0.0]
+        dense = int(aggregation.mixture(local, remote, *lw).argmax())
+        support = torch.cat([local_ids, remote_ids])
+        assert aggregation.greedy_aggregate(local, remote, *lw) == dense
+        assert aggregation.greedy_aggregate(local, remote, *lw, support=support) == dense
+        token, _, _ = aggregation.speculative_aggregate(
+            0, local, 0, remote, *lw, torch.Generator(), greedy=True
+        )
+        assert token == dense
+
+
+def test_greedy_aggregate_breaks_a_tie_to_the_lowest_id_in_any_support_order():
+    local = sparse_law(10, [7, 2], [1.0, 1.0])
+    remote = sparse_law(10, [7, 2], [1.0, 1.0])
+    for support in ([7, 2, 7, 2], [2, 7], [7, 2]):
+        assert aggregation.greedy_aggregate(local, remote, 0.0, 0.0, torch.tensor(support)) == 2

@@ -121,3 +121,15 @@ def test_sample_rows_fixed_seed_statistics_and_zero_mass():
     # a round-off onto a token of mass 0 (forced here with u = 1) falls back to a real draw
     last = sample_rows(torch.tensor([[0.3, 0.7, 0.0]]), torch.tensor([1.0]), generator)
     assert int(last[0]) in (0, 1)
+
+
+def test_support_argmax_reads_only_the_support_and_breaks_ties_low():
+    from tandem.sampling.warp import support_argmax
+
+    probs = torch.zeros(50)
+    probs[[40, 3, 17]] = torch.tensor([0.25, 0.25, 0.5])
+    assert support_argmax(probs) == 17 == support_argmax(probs, torch.tensor([40, 17, 3]))
+    probs[17] = 0.25  # three-way tie: the lowest id, whatever the order of the support
+    assert support_argmax(probs, torch.tensor([40, 17, 3])) == 3 == support_argmax(probs)
+    # ids outside the support are not read: a support that leaves out a larger entry misses it
+    assert support_argmax(probs, torch.tensor([40])) == 40

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from tandem.protocols.dragon.config import CLOUD, DEVICE
 from tandem.protocols.dragon.queues import Draft
-from tandem.sampling.aggregation import acceptance_rates, speculative_aggregate
+from tandem.sampling.aggregation import acceptance_rates, greedy_aggregate, speculative_aggregate
 from tandem.sampling.seeds import position_generator
 
 
@@ -32,6 +34,17 @@ def aggregate_step(device: Draft, cloud: Draft, *, seed: int, greedy: bool) -> O
     """Algorithm 1 on the two drafts of one position."""
     assert device.side == DEVICE and cloud.side == CLOUD, (device.side, cloud.side)
     assert device.position == cloud.position, (device.position, cloud.position)
+    if greedy and device.support is not None and cloud.support is not None:
+        # the argmax on the union of the two sparse supports: the same token, no vocab pass
+        token = greedy_aggregate(
+            device.sent_probs,
+            cloud.sent_probs,
+            device.logweight,
+            cloud.logweight,
+            support=torch.cat([device.support, cloud.support]),
+        )
+        accepted = {DEVICE: device.token == token, CLOUD: cloud.token == token}
+        return Outcome(position=device.position, token=token, accepted=accepted)
     token, device_ok, cloud_ok = speculative_aggregate(
         device.token,
         device.sent_probs,

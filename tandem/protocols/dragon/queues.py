@@ -29,6 +29,7 @@ from tandem.codecs import Codec
 from tandem.codecs import draft as codec_draft
 from tandem.protocols.dragon.decoder import SideLaw
 from tandem.sampling.seeds import position_generator
+from tandem.sampling.warp import support_argmax
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,9 @@ class Draft:
     context: int = 0  # the side's context length when it decoded for this draft
     created: float = field(default_factory=time.perf_counter)
     branch_of: tuple[int, int] | None = None  # (t, x): a branch draft (module docstring)
+    # [n] int64 ids outside which sent_probs is 0, when the codec keeps them (sparse codecs):
+    # greedy aggregation then reads those ids only (`sampling.aggregation.greedy_aggregate`)
+    support: torch.Tensor | None = None
 
 
 def make_draft(
@@ -63,9 +67,11 @@ def make_draft(
     Greedy drafts are the argmax of the sent probs; sampled drafts use the position seed of
     (seed, side, position), so a redraft after a rollback is as fresh as the first one.
     """
+    support = None
     if greedy:
-        payload, sent_probs = codec.encode_sent(law.probs)
-        token = int(sent_probs.argmax())
+        payload, sent_probs, kept = codec.encode_sent(law.probs)
+        support = None if kept is None else torch.from_numpy(kept)
+        token = support_argmax(sent_probs, support)
         codec.observe(law.probs)
     else:
         out = codec_draft(codec, law.probs, position_generator(seed, side, position))
@@ -80,6 +86,7 @@ def make_draft(
         payload=payload,
         decode_s=decode_s,
         context=context,
+        support=support,
     )
 
 

@@ -22,6 +22,7 @@ real draft). Documents never travel: only counts and scores' summaries (logweigh
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from tandem.codecs import Codec
 from tandem.protocols.dragon.config import DragonConfig
@@ -84,7 +85,7 @@ def parse_draft(msg: DraftTokens, *, side: str, codec: Codec, vocab_size: int) -
         branch_of = (int(branch[0]), int(branch[1]))
         if branch_of[0] + 1 != int(msg.position) or not 0 <= branch_of[1] < vocab_size:
             raise ValueError(f"DRAGON branch {branch_of} does not precede position {msg.position}")
-    sent_probs = codec.decode(msg.distributions[0], vocab_size)
+    sent_probs, kept = codec.decode_sent(msg.distributions[0], vocab_size)
     if not 0 <= token < vocab_size or not sent_probs[token] > 0:
         raise ValueError(f"draft token {token} is not in the support of its sent distribution")
     return Draft(
@@ -98,6 +99,7 @@ def parse_draft(msg: DraftTokens, *, side: str, codec: Codec, vocab_size: int) -
         decode_s=float(decode_s),
         context=int(context),
         branch_of=branch_of,
+        support=None if kept is None else torch.from_numpy(kept),
     )
 
 
