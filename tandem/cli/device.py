@@ -10,6 +10,7 @@ from pathlib import Path
 
 import typer
 
+from tandem.cli.demo import CLI_ROWS, CLI_SCORER, ROWS_HELP, SCORER_HELP
 from tandem.errors import TandemError
 
 app = typer.Typer(no_args_is_help=True)
@@ -48,6 +49,8 @@ def run(
         "dragon", help="DRAGON aggregator: dragon, device, cloud, random."
     ),
     docs: int = typer.Option(2, "--docs", help="dragon, private-spec: documents per side."),
+    rows: str = typer.Option(CLI_ROWS, "--rows", help="dragon: " + ROWS_HELP),
+    scorer: str = typer.Option(CLI_SCORER, "--scorer", help="dragon: " + SCORER_HELP),
     pipeline: str = typer.Option("async", "--pipeline", help="sync (stop-and-wait) or async."),
     codec: str = typer.Option(
         None,
@@ -123,7 +126,7 @@ def run(
             corpus=corpus, model=model, host=host, port=port, secret=secret, delay=delay,
             question=prompt, strategy=strategy, docs=docs, max_new_tokens=max_new_tokens,
             temperature=temperature, seed=seed, threads=threads, json_out=json_out,
-            timeline=timeline,
+            timeline=timeline, rows=rows, scorer=scorer,
         )  # fmt: skip
         return
     modes = (*DEVICE_MODES, "dragon", "private-spec")

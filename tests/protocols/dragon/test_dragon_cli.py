@@ -44,3 +44,42 @@ def test_timeline_lines_show_ms_and_shares():
     assert "own 70.0 (70%)" in lines[1] and "peer 30.0 (30%)" in lines[1]
     assert "decode 50.0 (50%)" in lines[2] and lines[3].startswith("  cpu          decode 0.0")
     assert timeline_lines(None, "cloud") == ["cloud: no timeline"]
+
+
+def test_demo_runs_one_row_per_side_with_static_weights_unless_told(monkeypatch):
+    import tandem.models.registry as registry
+    import tandem.serve.dragon_demo as dragon_demo
+    from tandem.protocols.dragon.report import SideReport
+
+    configs = []
+    monkeypatch.setattr(registry, "load_tokenizer", lambda model: _Tokenizer())
+    monkeypatch.setattr(
+        dragon_demo,
+        "run_demo",
+        lambda **kwargs: configs.append(kwargs["config"]) or SideReport(role="device"),
+    )
+    runner = CliRunner()
+    assert runner.invoke(app, ["demo", "-n", "3"]).exit_code == 0
+    assert (
+        runner.invoke(app, ["demo", "--rows", "documents", "--scorer", "embedding"]).exit_code == 0
+    )
+    assert [(c.rows, c.scorer) for c in configs] == [("side", "static"), ("documents", "embedding")]
+    bad = runner.invoke(app, ["demo", "--scorer", "psychic"])
+    assert isinstance(bad.exception, TandemError) and "scorer must be one of" in str(bad.exception)
+
+
+def test_device_run_passes_rows_and_scorer(monkeypatch):
+    import tandem.cli.demo as demo
+
+    seen = {}
+    monkeypatch.setattr(demo, "run_dragon_device", lambda **kwargs: seen.update(kwargs))
+    args = ["device", "run", "--mode", "dragon", "--corpus", "x", "--rows", "documents"]
+    assert CliRunner().invoke(app, args).exit_code == 0
+    assert seen["rows"] == "documents" and seen["scorer"] == "static"
+
+
+class _Tokenizer:
+    eos_token_id = 0
+
+    def decode(self, tokens):
+        return ""
