@@ -216,6 +216,7 @@ class Timeline:
         self.commit: dict[int, float] = {}  # position -> resolved here
         # this process's CPU seconds at the first and the latest resolution: every thread's
         # work per output token (decode + the per-token Python), as `mean_gap_ms` counts it
+        # (a side in its own process, as in the testbed; an in-process pair counts both sides)
         self.process_cpu: tuple[float, float] | None = None  # (first, latest)
         self.started = time.perf_counter()
 
