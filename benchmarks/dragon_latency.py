@@ -44,11 +44,10 @@ METHODS = ("crcg-device", "crcg-cloud", "drcg-text", "drcg-kv", "drdg-sw", "drdg
 # Not the paper's, run only when asked for: DRAGON with one decode row per side holding all its
 # documents (DragonConfig.rows = "side"), the same with static relevance weights (the
 # retrieval scores, as Fig. 5's perplexity bench weighs documents; no re-scoring while
-# decoding), and that with branch drafts ("own", "peer") or mirrored resolution (with the
-# aggregator's confirming verdicts every 16th position, the default, or every position)
+# decoding), and that with branch drafts ("own", "peer") or mirrored resolution
 EXTRA_METHODS = (
     "dragon-side", "dragon-side-static", "dragon-side-static-own", "dragon-side-static-peer",
-    "dragon-side-static-mirror", "dragon-side-static-mirror-every",
+    "dragon-side-static-mirror",
 )  # fmt: skip
 LABELS = {
     "crcg-device": "CRCG/Device", "crcg-cloud": "CRCG/Cloud", "drcg-text": "DRCG/Text",
@@ -58,7 +57,6 @@ LABELS = {
     "dragon-side-static-own": "DRAGON, 1 row/side, static, branch on own 2nd choice",
     "dragon-side-static-peer": "DRAGON, 1 row/side, static, branch on peer's token",
     "dragon-side-static-mirror": "DRAGON, 1 row/side, static, mirrored resolution",
-    "dragon-side-static-mirror-every": "DRAGON, mirrored, a verdict every position",
 }  # fmt: skip
 # every DRAGON variant the bench runs: its DragonConfig fields beyond the bench's own
 _STATIC = {"rows": "side", "scorer": "static"}  # one row per side, retrieval scores as weights
@@ -69,7 +67,6 @@ DRAGONS = {  # the variants measured before mirroring existed keep it off
     "dragon-side-static-own": {**_STATIC, "branch": "own", "mirror": False},
     "dragon-side-static-peer": {**_STATIC, "branch": "peer", "mirror": False},
     "dragon-side-static-mirror": {**_STATIC, "mirror": True},
-    "dragon-side-static-mirror-every": {**_STATIC, "mirror": True, "confirm_every": 1},
 }
 
 

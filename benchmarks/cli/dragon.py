@@ -34,8 +34,7 @@ def latency(
         "dragon-side-static (ours: one row per side, retrieval scores as weights), "
         "dragon-side-static-own / -peer (the same with branch drafts after its own second "
         "choice / after the peer's token), dragon-side-static-mirror (the same, both sides "
-        "resolving; the aggregator confirms every 16th position), "
-        "dragon-side-static-mirror-every (confirming every position).",
+        "resolving).",
     ),  # fmt: skip
     public: str = PUBLIC,
     private: str = PRIVATE,

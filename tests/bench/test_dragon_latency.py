@@ -33,15 +33,13 @@ def test_dragon_variants_run_the_dragon_method_with_their_config():
 
     assert set(EXTRA_METHODS) <= set(DRAGONS) and set(DRAGONS) <= set(LABELS)
     configs = [bench_config(8, method=m) for m in DRAGONS]
-    paper, side, static, own, peer, mirror, every = configs
+    paper, side, static, own, peer, mirror = configs
     assert (mirror.rows, mirror.scorer, mirror.mirror, static.mirror) == (
         "side",
         "static",
         True,
         False,
     )
-    assert (mirror.confirm_every, every.confirm_every, every.mirror) == (16, 1, True)
-    assert (every.rows, every.scorer) == ("side", "static")
     assert (paper.rows, paper.scorer, paper.branch) == ("documents", "embedding", "off")
     assert (side.rows, side.scorer) == ("side", "embedding")
     assert (static.rows, static.scorer, static.branch) == ("side", "static", "off")

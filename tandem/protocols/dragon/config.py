@@ -65,10 +65,6 @@ class DragonConfig:
     # which then only confirms (machine.py, "Mirroring"; the output does not depend on it;
     # docs/dragon.md, "Mirroring, measured": -13% per token at +300 ms, nothing at +0)
     mirror: bool = True
-    # with `mirror`, the aggregator's verdict only confirms what the other side resolved
-    # itself, so it is sent for every `confirm_every`-th position (and with every switch)
-    # instead of every position; 1 = every position (machine.py, "Mirroring")
-    confirm_every: int = 16
     scorer: str = "embedding"  # dynamic relevance: embedding | bm25 | static (retrieval scores)
     relevance_interval: int = 4  # re-score the documents every this many tokens
     relevance_temperature: float = 0.1  # relevance logits = similarity / temperature
@@ -90,7 +86,6 @@ class DragonConfig:
             (self.scorer in SCORERS, f"scorer must be one of {', '.join(SCORERS)}"),
             (self.lookahead >= 1, "lookahead must be >= 1"),
             (self.branch in BRANCHES, f"branch must be one of {', '.join(BRANCHES)}"),
-            (self.confirm_every >= 1, "confirm_every must be >= 1"),
             (self.relevance_interval >= 1, "relevance_interval must be >= 1"),
             (self.relevance_temperature > 0, "relevance_temperature must be > 0"),
             (0 < self.acceptance_ema <= 1, "acceptance_ema must be in (0, 1]"),

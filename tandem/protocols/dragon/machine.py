@@ -39,12 +39,10 @@ returns no action.
 Mirroring (`mirror=True`). Both sides hold both draft queues with the laws as sent, and
 Algorithm 1 draws from the position seed, so the side that does not aggregate can run the
 same rule on the same two drafts the moment it holds both, instead of waiting for the
-aggregator's verdict a one-way trip later. A rejected side thus learns of it as soon as the
-peer's draft arrives, and a switch of the aggregator costs the resolutions nothing. The
-aggregator still runs the scheduler and sends switches; its verdicts only confirm (a mismatch
-raises), so it sends one for every `confirm_every`-th position only (one message per token
-instead of two; a divergence still fails the session within that many positions). The
-output is the same (the same rule on the same inputs).
+aggregator's verdict a one-way trip later; the verdict then only confirms (a mismatch raises).
+A rejected side thus learns of it as soon as the peer's draft arrives, and a switch of the
+aggregator costs the resolutions nothing. The aggregator still runs the scheduler and sends
+targets and switches; the output is the same (the same rule on the same inputs).
 
 Branch drafts (`branch`; queues.py defines them). A side that does not aggregate learns
 that its draft at t was rejected a one-way trip after the aggregator knew, and only then
@@ -171,14 +169,12 @@ class SideMachine:
         eos_id: int | None = None,
         branch: str = "off",
         mirror: bool = False,
-        confirm_every: int = 1,
     ):
         """`latency`: the starting decode-cost model of each side (updated from every draft
         seen); `rtt`: the driver's current round-trip estimate for one aggregation (seconds),
         read when the scheduler decides and before asking for a branch; `branch`: which
         branch drafts to make, "off" | "peer" | "own"; `mirror`: resolve without waiting
-        for the aggregator (module docstring), whose verdicts then only confirm and are sent
-        for every `confirm_every`-th position (switches always)."""
+        for the aggregator (module docstring)."""
         self.role, self.peer = role, peer_of(role)
         self.rule, self.scheduler, self.rtt = rule, scheduler, rtt
         self.max_new_tokens, self.eos_id = max_new_tokens, eos_id
@@ -197,7 +193,6 @@ class SideMachine:
         self.switches: list[tuple[int, str]] = []  # (position, new aggregator)
         self.decode_times: dict[str, list[tuple[int, float]]] = {side: [] for side in SIDES}
         self.branch, self.mirror = branch, mirror
-        self.confirm_every = confirm_every if mirror else 1
         self.mirrored = 0  # positions this side resolved without the aggregator's verdict
         self.branches: dict[str, dict[tuple[int, int], Draft]] = {side: {} for side in SIDES}
         # side -> (epoch, position, token) of the rejection that started its current epoch
@@ -369,7 +364,7 @@ class SideMachine:
             if decision.aggregator != self.role:
                 actions.append(SendSwitch(position, token, decision.aggregator))
                 self.switches.append((position, decision.aggregator))
-            elif (position + 1) % self.confirm_every == 0:  # mirrored: only some confirm
+            else:
                 actions.append(SendTarget(position, token, resolved[0].accepted))
             actions.append(Decided(position, decision, estimates))
             self.aggregator = decision.aggregator

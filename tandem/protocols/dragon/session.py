@@ -118,7 +118,6 @@ class DragonSide(SideIO):
             eos_id=self.eos_id,
             branch=config.branch,
             mirror=config.mirror,
-            confirm_every=config.confirm_every,
         )
         self.error: BaseException | None = None
         self._seq = 0

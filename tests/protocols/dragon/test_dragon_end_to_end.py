@@ -369,21 +369,15 @@ def test_branch_drafts_are_used_and_change_nothing_but_timing(
     assert off[0].tokens == expected and off[0].branches_made + off[1].branches_made == 0
 
 
-@pytest.mark.parametrize("confirm_every", [1, 5])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_mirroring_changes_nothing_but_timing(
-    tiny_lm, tiny_lm_b, corpora, strategy, temperature, confirm_every
-):
+def test_mirroring_changes_nothing_but_timing(tiny_lm, tiny_lm_b, corpora, strategy, temperature):
     """With `mirror` the side that does not aggregate resolves each position itself from the
-    two drafts it holds (the aggregator's verdicts, every position or every 5th, only confirm;
-    a mismatch would fail the session): the output is still the centralised reference's on a
-    40 ms link, every strategy, greedy and sampled; both sides resolved every position, the
-    one that does not aggregate without waiting for verdicts."""
-    cfg = config(
-        strategy=strategy, temperature=temperature, seed=5, max_new_tokens=24, mirror=True,
-        confirm_every=confirm_every,
-    )  # fmt: skip
+    two drafts it holds (the aggregator's verdicts only confirm, a mismatch would fail the
+    session): the output is still the centralised reference's on a 40 ms link, every strategy,
+    greedy and sampled; both sides resolved every position, the one that does not aggregate
+    without waiting for verdicts."""
+    cfg = config(strategy=strategy, temperature=temperature, seed=5, max_new_tokens=24, mirror=True)
     reference = central(tiny_lm, tiny_lm_b, corpora, cfg)
     expected = reference.greedy() if temperature == 0 else reference.sampled()
     device, cloud = dragon(tiny_lm, tiny_lm_b, corpora, cfg, link=SLOW_LINK)

@@ -45,7 +45,7 @@ def draft(
 
 def machine(
     role="device", *, targets=None, strategy="device", first="device", tokens=8, eos=None,
-    branch="off", rtt=0.05, mirror=False, confirm_every=1,
+    branch="off", rtt=0.05, mirror=False,
 ):  # fmt: skip
     return SideMachine(
         role,
@@ -60,7 +60,6 @@ def machine(
         eos_id=eos,
         branch=branch,
         mirror=mirror,
-        confirm_every=confirm_every,
     )
 
 
@@ -302,26 +301,3 @@ def test_the_side_that_does_not_aggregate_mirrors_and_the_verdict_confirms():
     waiting = machine("cloud", targets={0: 9}, first="device")
     waiting.own_draft(draft("cloud", 0, 5))
     assert waiting.peer_draft(draft("device", 0, 9)) == [] and waiting.committed == []
-
-
-@pytest.mark.parametrize("mirror", [True, False])
-def test_a_mirrored_aggregator_confirms_every_kth_position_and_switches_always(mirror):
-    """With mirroring the verdicts only confirm: positions 2 and 5 of 7 with confirm_every 3
-    (the peer resolved every position itself); a switch carries its target whatever the
-    position; without mirroring the peer needs every verdict, so confirm_every is ignored."""
-    targets = dict.fromkeys(range(8), 1)
-    m = machine(targets=targets, tokens=8, mirror=mirror, confirm_every=3, strategy="device")
-    sent = []
-    for t in range(7):
-        m.own_draft(draft("device", t, 1))
-        sent += [
-            a.position for a in m.peer_draft(draft("cloud", t, 1)) if isinstance(a, SendTarget)
-        ]
-    assert sent == ([2, 5] if mirror else list(range(7)))
-    switching = machine(targets=targets, mirror=True, confirm_every=3, strategy="cloud")
-    switching.own_draft(draft("device", 0, 1))
-    assert kinds(switching.peer_draft(draft("cloud", 0, 1))) == [
-        "Committed",
-        "SendSwitch",
-        "Decided",
-    ]
