@@ -6,7 +6,9 @@ project's network namespaces, each pinned to its own cores (`--device-cpus`, `--
 default device = core 0, cloud = core 1 on a 2-core box) with one engine thread per core
 (the JSON's `machines`), the same model on both sides (the paper uses one model on both), the demo's corpora (device: examples/private-notes, cloud:
 stdlib docstrings), top-2 documents per side, greedy, fixed output length (no EOS stop).
-For each extra one-way delay d (jitter d / 5, each direction, so RTT gains 2d) every method
+For each extra one-way delay d (jitter d / 5) on each direction `delayed` names ("both": RTT
+gains 2d; "down": cloud -> device only, RTT gains d, as the paper's netem on the server's NIC,
+Sec. 7.3) every method
 (all baselines: CRCG, DRCG, DRDG and DRAGON) runs on every question, side by side; one short
 warm-up run per method is discarded. Each run records the 1-minute load average before it;
 each DRAGON run both sides' per-token timelines (`benchmarks.dragon_timeline`), averaged
@@ -127,15 +129,16 @@ ISOLATION = "processes: device and cloud each pinned from start to their own set
 
 
 def measure(
-    *, model, public, private, net_name, methods, delays, questions, tokens: int, console, machines
-) -> tuple[list[dict], dict]:
+    *, model, public, private, net_name, methods, delays, questions, tokens: int, console, machines,
+    delayed: str = "both",
+) -> tuple[list[dict], dict]:  # fmt: skip
     """Build both sides' indexes, start the testbed on `machines.cpus` and `sweep`: (runs,
     network facts); what each side saw of itself goes to `machines.observed`."""
     from tandem.baselines.dragon.testbed import Testbed
 
     public_index, private_index = prepare_indexes(model, public, private)
     indexes = {"public_index": public_index, "private_index": private_index}
-    with Testbed(model=model, name=net_name, cpus=machines.cpus, **indexes) as bed:
+    with Testbed(model=model, name=net_name, cpus=machines.cpus, delayed=delayed, **indexes) as bed:
         machines.observed = bed.observed
         network = {
             "mode": bed.status.mode,
@@ -154,7 +157,7 @@ def mean_of(runs: list[dict], method: str, delay: float, key: str) -> float | No
     return statistics.fmean(values) if values else None
 
 
-def theorem_rows(runs: list[dict], delays) -> list[dict]:
+def theorem_rows(runs: list[dict], delays, delayed: str = "both") -> list[dict]:
     from tandem.protocols.dragon.scheduler import (
         expected_latency,
         predicted_speedup,
@@ -179,7 +182,7 @@ def theorem_rows(runs: list[dict], delays) -> list[dict]:
             res[remote] for r in dragon for res in r["resolutions"] if res["aggregated"]
         )
         rtts = [r["summary"]["rtt_s"] for r in dragon if r["summary"]["rtt_s"]]
-        rtt = statistics.fmean(rtts) if rtts else 2 * delay / 1e3
+        rtt = statistics.fmean(rtts) if rtts else (2 if delayed == "both" else 1) * delay / 1e3
         predicted = predicted_speedup(c_dec[local], c_dec[remote], alpha, rtt)
         measured = tw / ours
         rows.append(
@@ -249,9 +252,11 @@ def run(
     methods: tuple[str, ...] = METHODS,
     net_name: str = "tandem-dbench",
     cpus: dict[str, list[int]] | None = None,
+    delayed: str = "both",
 ) -> dict:
     """Fig. 6 + Theorem 6.2: run, save dragon_latency.json / .png, print a table. `cpus`:
-    each side's cores (default `tandem.testbed.cpus.role_cpus()`)."""
+    each side's cores (default `tandem.testbed.cpus.role_cpus()`); `delayed`: which
+    directions carry the delay (`NetConfig.delayed`)."""
     from tandem.testbed.cpus import role_cpus
 
     console = Console()
@@ -263,6 +268,7 @@ def run(
     runs, network = measure(
         model=model, public=public, private=private, net_name=net_name, methods=methods,
         delays=delays, questions=chosen, tokens=tokens, console=console, machines=machines,
+        delayed=delayed,
     )  # fmt: skip
     rows = [
         {
@@ -272,13 +278,14 @@ def run(
         }
         for delay in delays for method in methods
     ]  # fmt: skip
-    theory = theorem_rows(runs, delays)
+    theory = theorem_rows(runs, delays, delayed)
     timeline = timeline_rows(runs, delays, [m for m in methods if m in DRAGONS])
     headline = targets(rows, theory)
     payload = {
         "setup": {
             "model": model, "both_sides_same_model": True, "network": network,
-            "jitter": "delay / 5, uniform, each direction", "delays_ms": list(delays),
+            "jitter": "delay / 5, uniform, each delayed direction", "delayed": delayed,
+            "delays_ms": list(delays),
             "max_new_tokens": tokens, "questions": list(chosen), "docs_per_side": 2,
             "temperature": 0.0, "quick": quick, "wall_s": time.perf_counter() - started,
             "methods": list(methods), "load_1min_per_run": "runs[].load_1min",

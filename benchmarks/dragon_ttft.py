@@ -39,9 +39,11 @@ def run(
     methods: tuple[str, ...] = METHODS,
     net_name: str = "tandem-dbench",
     cpus: dict[str, list[int]] | None = None,
+    delayed: str = "both",
 ) -> dict:
     """Fig. 7: run, save dragon_ttft.json / .png, print a table. `cpus`: each side's cores
-    (default `tandem.testbed.cpus.role_cpus()`)."""
+    (default `tandem.testbed.cpus.role_cpus()`); `delayed`: which directions carry the
+    delay (`NetConfig.delayed`)."""
     from tandem.testbed.cpus import role_cpus
 
     console = Console()
@@ -52,6 +54,7 @@ def run(
     runs, network = measure(
         model=model, public=public, private=private, net_name=net_name, methods=methods,
         delays=delays, questions=chosen, tokens=2, console=console, machines=machines,
+        delayed=delayed,
     )  # fmt: skip
     rows = []
     for delay in delays:
@@ -68,7 +71,8 @@ def run(
     payload = {
         "setup": {
             "model": model, "network": network, "delays_ms": list(delays),
-            "jitter": "delay / 5, uniform, each direction", "questions": list(chosen),
+            "jitter": "delay / 5, uniform, each delayed direction", "delayed": delayed,
+            "questions": list(chosen),
             "docs_per_side": 2, "quick": quick,
             "ttft": "device's first action -> first token known at the device",
             "wall_s": time.perf_counter() - started,

@@ -15,6 +15,12 @@ OUT = typer.Option(RESULTS, "--out", help="Folder for the JSON and PNG results."
 QUICK = typer.Option(False, "--quick", help="Tiny scale: 2 delays, 1 question, 8 tokens.")
 MODEL = typer.Option("qwen2.5-coder-0.5b", "--model", help="Model of both sides.")
 DELAYS = typer.Option(None, "--delay", help="Extra one-way delays in ms (repeatable).")
+DELAYED = typer.Option(
+    "both",
+    "--delayed",
+    help="Directions the delay and jitter apply to: both (RTT gains 2 x delay), down (cloud "
+    "-> device only, RTT gains 1 x delay: the paper's netem on the server's NIC, Sec. 7.3) or up.",
+)
 PUBLIC = typer.Option("stdlib", "--public", help="Cloud corpus: stdlib, a folder or an index.")
 PRIVATE = typer.Option(None, "--private", help="Device corpus (default examples/private-notes).")
 
@@ -38,6 +44,7 @@ def latency(
     ),  # fmt: skip
     public: str = PUBLIC,
     private: str = PRIVATE,
+    delayed: str = DELAYED,
     device_cpus: str = DEVICE_CPUS,
     cloud_cpus: str = CLOUD_CPUS,
     out: Path = OUT,
@@ -55,7 +62,7 @@ def latency(
         out=out, quick=quick, model=model, delays=tuple(delays or ()) or None, tokens=tokens or None,
         questions=questions or None, public=public, private=private,
         methods=tuple(m for m in known if m in methods) if methods else METHODS,
-        cpus=role_cpus(device_cpus, cloud_cpus),
+        cpus=role_cpus(device_cpus, cloud_cpus), delayed=_delayed(delayed),
     )  # fmt: skip
 
 
@@ -67,6 +74,7 @@ def ttft(
     questions: int = typer.Option(0, "--questions", help="How many questions (0: all)."),
     public: str = PUBLIC,
     private: str = PRIVATE,
+    delayed: str = DELAYED,
     device_cpus: str = DEVICE_CPUS,
     cloud_cpus: str = CLOUD_CPUS,
     out: Path = OUT,
@@ -77,5 +85,15 @@ def ttft(
     run(
         out=out, quick=quick, model=model, delays=tuple(delays or ()) or None,
         questions=questions or None, public=public, private=private,
-        cpus=role_cpus(device_cpus, cloud_cpus),
+        cpus=role_cpus(device_cpus, cloud_cpus), delayed=_delayed(delayed),
     )  # fmt: skip
+
+
+def _delayed(delayed: str) -> str:
+    """`--delayed`, checked before anything starts (a one-line error, no traceback)."""
+    from tandem.errors import TandemError
+    from tandem.testbed.proxy import DELAYED
+
+    if delayed not in DELAYED:
+        raise TandemError(f"--delayed must be one of {', '.join(DELAYED)}, not {delayed!r}")
+    return delayed

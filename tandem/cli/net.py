@@ -24,10 +24,16 @@ NAME = typer.Option(
 @app.command("up")
 def up(
     delay: float = typer.Option(
-        0.0, "--delay", help="One-way delay in ms, each direction (RTT = 2 x delay)."
+        0.0, "--delay", help="One-way delay in ms, each --delayed direction (RTT = 2 x delay)."
     ),
     jitter: float = typer.Option(
         0.0, "--jitter", help="Uniform +- jitter in ms, each direction (never reorders)."
+    ),
+    delayed: str = typer.Option(
+        "both",
+        "--delayed",
+        help="Directions with delay and jitter: both (RTT = 2 x delay), down (cloud -> device "
+        "only, like netem on the server's NIC as in the DRAGON paper: RTT = delay) or up.",
     ),
     rate: float | None = typer.Option(
         None, "--rate", help="Payload rate in Mbit/s, each direction (default unlimited)."
@@ -55,6 +61,7 @@ def up(
     config = NetConfig(
         delay_ms=delay,
         jitter_ms=jitter,
+        delayed=delayed,
         rate_mbit=rate,
         outages=tuple(parse_outage(text) for text in outage),
         service_port=service_port,
@@ -65,6 +72,9 @@ def up(
         cloud_cpus=tuple(sets["cloud"]),
     )
     _print_status(net_up(config))
+
+
+DIRECTIONS = {"both": "each way", "down": "cloud -> device only", "up": "device -> cloud only"}
 
 
 @app.command("down")
@@ -107,8 +117,8 @@ def _print_status(status) -> None:
         rate = "unlimited" if config.rate_mbit is None else f"{config.rate_mbit:g} Mbit/s"
         typer.echo(f"network {status.name!r}: {'up' if status.up else 'BROKEN'} ({status.mode})")
         typer.echo(
-            f"  link      delay {config.delay_ms:g} ms one-way (RTT {2 * config.delay_ms:g} ms), "
-            f"jitter +-{config.jitter_ms:g} ms, rate {rate} (each direction)"
+            f"  link      delay {config.delay_ms:g} ms one-way, {DIRECTIONS[config.delayed]} (RTT"
+            f" {config.added_rtt_ms:g} ms), jitter +-{config.jitter_ms:g} ms, rate {rate}"
         )
         if config.outages:
             windows = ", ".join(f"{start:g}s+{duration:g}s" for start, duration in config.outages)

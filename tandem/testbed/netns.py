@@ -19,8 +19,10 @@ Where the kernel does have netem (detected on the veth itself), netem on both ve
 gives the delay and jitter instead and the proxy only adds outages; `NetStatus.delay_path`
 says which ("proxy" or "netem").
 
-Words: *delay* is ONE-WAY and applies to each direction, so a round trip gains
-`2 * delay_ms` (like netem on both ends); *jitter* is uniform +- jitter_ms per direction;
+Words: *delay* is ONE-WAY and applies to each direction `delayed` names: "both" (the
+default), so a round trip gains `2 * delay_ms` (like netem on both ends), or "down" (cloud ->
+device only, like netem on the server's NIC as in the DRAGON paper's testbed: a round trip
+gains `delay_ms`) or "up"; *jitter* is uniform +- jitter_ms per direction;
 *rate* is the payload (TCP goodput) rate of each direction in Mbit/s (10**6 bits); the tbf
 is set slightly higher (`WIRE_OVERHEAD`) so Ethernet/IP/TCP headers are not counted
 against it. An *outage* (start_s, duration_s) counts from when the proxy started.
@@ -57,7 +59,7 @@ from typing import Literal
 
 from tandem.errors import TandemError
 from tandem.testbed.cpus import pinned_argv, plan
-from tandem.testbed.proxy import LINK_SUBNET
+from tandem.testbed.proxy import DELAYED, LINK_SUBNET
 
 DEVICE_ADDRESS = str(LINK_SUBNET.network_address + 1)  # 10.203.0.1
 CLOUD_ADDRESS = str(LINK_SUBNET.network_address + 2)  # 10.203.0.2
@@ -72,8 +74,11 @@ NAME_PATTERN = re.compile(r"^tandem(-[a-z0-9]+)*$")
 class NetConfig:
     """The emulated link (each direction) and where things listen."""
 
-    delay_ms: float = 0.0  # one-way, each direction: RTT = 2 * delay_ms
-    jitter_ms: float = 0.0  # uniform +- jitter_ms, each direction
+    delay_ms: float = 0.0  # one-way, each direction `delayed` names: RTT = 2 * delay_ms (both)
+    jitter_ms: float = 0.0  # uniform +- jitter_ms, each direction `delayed` names
+    # which directions carry delay and jitter: "both"; "down" (cloud -> device only, like
+    # netem on the server's NIC: the DRAGON paper's Fig. 6/7 setup, RTT = delay_ms); "up"
+    delayed: Literal["both", "down", "up"] = "both"
     rate_mbit: float | None = None  # payload Mbit/s, each direction; None: unlimited
     outages: tuple[tuple[float, float], ...] = ()  # (start_s, duration_s) after the proxy starts
     service_port: int = 7400  # cloud service, 127.0.0.1 inside the cloud namespace
@@ -95,8 +100,15 @@ class NetConfig:
             or (self.rate_mbit is not None and self.rate_mbit <= 0)
         ):
             raise TandemError("delay and jitter must be >= 0 ms and rate > 0 Mbit/s")
+        if self.delayed not in DELAYED:
+            raise TandemError(f"delayed must be one of {', '.join(DELAYED)}, not {self.delayed!r}")
         if self.service_port == self.proxy_port:
             raise TandemError("service port and proxy port must differ")
+
+    @property
+    def added_rtt_ms(self) -> float:
+        """What the delay adds to a round trip (jitter aside)."""
+        return self.delay_ms * (2 if self.delayed == "both" else 1)
 
     def cpus(self, side: str) -> list[int]:
         """The cores of `side` (its share of `plan()` when none were named)."""
@@ -178,6 +190,7 @@ def proxy_argv(
     ]
     if not netem:
         argv += ["--delay-ms", str(config.delay_ms), "--jitter-ms", str(config.jitter_ms)]
+        argv += ["--delayed", config.delayed]
     if loopback and config.rate_mbit is not None:
         argv += ["--rate-mbit", str(config.rate_mbit)]
     for start_s, duration_s in config.outages:
@@ -386,10 +399,12 @@ def net_up(config: NetConfig) -> NetStatus:
             )
         for side, dev in (("device", DEVICE_DEV), ("cloud", CLOUD_DEV)):
             _in_ns(namespaces[side], ["tc", "qdisc", "del", "dev", dev, "root"], check=False)
+            egress = "up" if side == "device" else "down"  # a side's egress is that direction
+            delayed = config.delayed in ("both", egress)
             for command in qdisc_commands(
                 dev,
-                delay_ms=config.delay_ms,
-                jitter_ms=config.jitter_ms,
+                delay_ms=config.delay_ms if delayed else 0.0,
+                jitter_ms=config.jitter_ms if delayed else 0.0,
                 rate_mbit=config.rate_mbit,
                 netem=netem,
             ):

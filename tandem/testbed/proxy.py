@@ -27,8 +27,10 @@ Schedule of one segment (pure functions below, tested on their own)::
 
 `release_time` takes the max with the previous release of the same stream, so jitter
 never reorders bytes (netem reorders packets with jitter; TCP would hide that anyway).
-`delay_ms` and `jitter_ms` are ONE-WAY and apply to each direction: a round trip through
-the proxy takes `2 * delay_ms` (like netem on both ends of a link). Jitter is uniform in
+`delay_ms` and `jitter_ms` are ONE-WAY and apply to each direction `delayed` names: "both"
+(the default: a round trip through the proxy takes `2 * delay_ms`, like netem on both ends of
+a link), "down" (upstream -> client only: like netem on the server's NIC, the DRAGON paper's
+setup, so a round trip gains `delay_ms`) or "up". Jitter is uniform in
 `[-jitter_ms, +jitter_ms]`, clipped so a delay never goes below zero. `rate_mbit` is the
 payload rate of each direction (1 Mbit = 10**6 bits).
 
@@ -66,6 +68,7 @@ ALLOWED_NETWORKS = (
     LINK_SUBNET,
 )
 READ_BYTES = 65536
+DELAYED = ("both", "down", "up")  # which directions carry the delay and jitter
 DRAIN_GRACE_S = 0.5  # after a direction fails: the other may still flush this long
 
 
@@ -83,6 +86,7 @@ class ProxyConfig:
     burst_bytes: int = 16384  # token-bucket depth
     outages: tuple[tuple[float, float], ...] = ()  # (start_s, duration_s) after start
     seed: int = 0  # jitter samples
+    delayed: str = "both"  # which directions carry delay and jitter: both | down | up
     segment_bytes: int = 16384  # scheduling unit
     max_buffer_bytes: int = 8 << 20  # held bytes per stream before reading pauses
 
@@ -91,6 +95,8 @@ class ProxyConfig:
         check_target(self.upstream_host)
         if self.delay_ms < 0 or self.jitter_ms < 0:
             raise TandemError("proxy delay and jitter must be >= 0 ms")
+        if self.delayed not in DELAYED:
+            raise TandemError(f"delayed must be one of {', '.join(DELAYED)}, not {self.delayed!r}")
         if self.rate_mbit is not None and self.rate_mbit <= 0:
             raise TandemError(f"proxy rate must be > 0 Mbit/s, got {self.rate_mbit}")
         for start_s, duration_s in self.outages:
@@ -170,12 +176,19 @@ class _Link:
     """One direction of the emulated link, shared by all connections (bucket, jitter rng)."""
 
     def __init__(
-        self, config: ProxyConfig, windows: list[tuple[float, float]], *, origin: float, seed: int
+        self,
+        config: ProxyConfig,
+        windows: list[tuple[float, float]],
+        *,
+        origin: float,
+        seed: int,
+        direction: str,
     ) -> None:
         self.rate_bps = None if config.rate_mbit is None else config.rate_mbit * 1e6 / 8
         self.burst = config.burst_bytes
-        self.delay_s = config.delay_ms / 1e3
-        self.jitter_s = config.jitter_ms / 1e3
+        delayed = config.delayed in ("both", direction)  # direction: "up" | "down"
+        self.delay_s = config.delay_ms / 1e3 if delayed else 0.0
+        self.jitter_s = config.jitter_ms / 1e3 if delayed else 0.0
         self.windows = windows
         self.rng = random.Random(seed)
         self.bucket = Bucket(tokens=float(config.burst_bytes), time=origin)
@@ -308,8 +321,13 @@ class DelayProxy:
     async def start(self) -> DelayProxy:
         self.started = asyncio.get_running_loop().time()
         windows = outage_windows(self.config.outages, self.started)
-        self._up = _Link(self.config, windows, origin=self.started, seed=2 * self.config.seed)
-        self._down = _Link(self.config, windows, origin=self.started, seed=2 * self.config.seed + 1)
+        self._up = _Link(
+            self.config, windows, origin=self.started, seed=2 * self.config.seed, direction="up"
+        )
+        self._down = _Link(
+            self.config, windows, origin=self.started, seed=2 * self.config.seed + 1,
+            direction="down",
+        )  # fmt: skip
         self._server = await asyncio.start_server(
             self._on_client, self.config.listen_host, self.config.listen_port
         )
@@ -443,6 +461,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--delayed", choices=DELAYED, default="both", help="directions with delay and jitter"
+    )
+    parser.add_argument(
         "--ready-file", type=Path, default=None, help="JSON {pid, listen}, written once listening"
     )
     args = parser.parse_args(argv)
@@ -459,6 +480,7 @@ def main(argv: list[str] | None = None) -> None:
             rate_mbit=args.rate_mbit,
             outages=tuple(parse_outage(text) for text in args.outage),
             seed=args.seed,
+            delayed=args.delayed,
         )
         asyncio.run(_serve_forever(config, args.ready_file))
     except TandemError as exc:

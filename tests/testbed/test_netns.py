@@ -69,6 +69,13 @@ def test_proxy_argv_delay_and_rate_go_where_the_path_says(tmp_path):
         config, listen_host="127.0.0.1", netem=False, loopback=True, ready_file=tmp_path / "r"
     )
     assert loop_proxy[loop_proxy.index("--rate-mbit") + 1] == "20"
+    assert loop_proxy[loop_proxy.index("--delayed") + 1] == "both"
+    down = NetConfig(delay_ms=300, jitter_ms=60, delayed="down")
+    down_proxy = proxy_argv(
+        down, listen_host="127.0.0.1", netem=False, loopback=True, ready_file=tmp_path / "r"
+    )
+    assert down_proxy[down_proxy.index("--delayed") + 1] == "down"
+    assert (down.added_rtt_ms, config.added_rtt_ms) == (300, 100)
 
 
 def test_side_argv_pins_the_command_to_its_side_and_enters_its_namespace():
@@ -97,6 +104,8 @@ def test_config_validation():
         NetConfig(rate_mbit=0)
     with pytest.raises(TandemError):
         NetConfig(service_port=7400, proxy_port=7400)
+    with pytest.raises(TandemError, match="delayed"):
+        NetConfig(delayed="sideways")
 
 
 # ---------------------------------------------------------------- helpers

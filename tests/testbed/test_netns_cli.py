@@ -36,6 +36,13 @@ def test_net_cli_round_trip(tmp_path, monkeypatch):
         status = runner.invoke(app, ["net", "status", "--name", name])
         assert status.exit_code == 0 and "delay by  proxy" in status.output
 
+        down_only = ["--delay", "5", "--delayed", "down", *ports]  # the paper's: the server's NIC
+        again = runner.invoke(app, ["net", "up", "--loopback", "--name", name, *down_only])
+        assert again.exit_code == 0, again.output
+        assert "cloud -> device only (RTT 5 ms)" in again.output
+        bad = runner.invoke(app, ["net", "up", "--loopback", "--name", name, "--delayed", "x"])
+        assert "delayed must be one of" in str(bad.exception)  # main() prints it on one line
+
         code = "import sys; sys.exit(4)"
         ran = runner.invoke(
             app, ["net", "exec", "device", "--name", name, "--", sys.executable, "-c", code]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import random
 import statistics
+import time
 
 import pytest
 from hypothesis import given, settings
@@ -142,6 +143,50 @@ def test_round_trip_is_twice_the_one_way_delay(delay_ms):
     samples = asyncio.run(_with_proxy(go, delay_ms=delay_ms))
     assert statistics.median(samples) == pytest.approx(2 * delay_ms / 1e3, rel=0.10)
     assert min(samples) >= 2 * delay_ms / 1e3 - 0.002
+
+
+@pytest.mark.parametrize("delayed", ["down", "up"])
+def test_one_delayed_direction_adds_the_delay_once_and_only_there(delayed):
+    """`delayed="down"` (the DRAGON paper's netem on the server's NIC) delays upstream ->
+    client only: a round trip gains the delay once and a byte going up arrives at once;
+    "up" the other way round."""
+    arrived: list[float] = []
+
+    async def upstream(reader, writer):
+        while data := await reader.read(1):
+            arrived.append(time.monotonic())
+            writer.write(data)
+            await writer.drain()
+        writer.close()
+
+    async def go():
+        server = await asyncio.start_server(upstream, "127.0.0.1", 0)
+        config = ProxyConfig(
+            upstream_port=server.sockets[0].getsockname()[1], delay_ms=80, delayed=delayed
+        )
+        try:
+            async with DelayProxy(config) as proxy:
+                reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+                trips = []
+                for _ in range(5):
+                    sent = time.monotonic()
+                    writer.write(b"x")
+                    await writer.drain()
+                    await reader.readexactly(1)
+                    trips.append((arrived[-1] - sent, time.monotonic() - sent))
+                writer.close()
+                return trips
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    trips = asyncio.run(go())
+    up = statistics.median(u for u, _ in trips)
+    rtt = statistics.median(r for _, r in trips)
+    assert rtt == pytest.approx(0.080, abs=0.015)
+    assert up < 0.015 if delayed == "down" else up == pytest.approx(0.080, abs=0.015)
+    with pytest.raises(TandemError, match="delayed"):
+        ProxyConfig(upstream_port=1, delayed="sideways")
 
 
 def test_jitter_stays_within_bounds():

@@ -1,7 +1,7 @@
 """DRAGON and its baselines as two processes joined by the project's emulated network.
 
     Testbed (this process: no model)
-      net_up(NetConfig(name, delay, jitter = delay / 5))   namespaces <name>-dev / -cloud
+      net_up(NetConfig(name, delay, jitter = delay / 5, delayed))   namespaces <name>-dev / -cloud
       cloud process  (cloud namespace)   python -m tandem.baselines.dragon.cloud
                                          serves DRAGON + every baseline (public corpus)
       device worker  (device namespace)  python -m tandem.baselines.dragon.testbed
@@ -57,13 +57,16 @@ class Testbed:
         cpus: dict[str, list[int]] | None = None,
         name: str = "tandem-dbench",
         seed: int = 0,
+        delayed: str = "both",
     ):
+        """`delayed`: the directions `set_delay` delays (`NetConfig.delayed`): "both", or
+        "down" (cloud -> device only, the DRAGON paper's netem on the server's NIC)."""
         from tandem.testbed.cpus import role_cpus
 
         self.model, self.docs = model, docs
         self.cpus = cpus or role_cpus()
         self.public_index, self.private_index = public_index, private_index
-        self.name, self.seed = name, seed
+        self.name, self.seed, self.delayed = name, seed, delayed
         self.procs: list[subprocess.Popen] = []
         self.status = None
         self.observed: dict[str, dict] = {}  # side -> machine_state() it reported
@@ -91,7 +94,8 @@ class Testbed:
                 {"service_port": _free_port(), "proxy_port": _free_port()} if loopback else {}
             )
         config = NetConfig(
-            name=self.name, delay_ms=delay_ms, jitter_ms=delay_ms / 5, seed=self.seed,
+            name=self.name, delay_ms=delay_ms, jitter_ms=delay_ms / 5, delayed=self.delayed,
+            seed=self.seed,
             device_cpus=tuple(self.cpus["device"]), cloud_cpus=tuple(self.cpus["cloud"]),
             **self.ports,
         )  # fmt: skip
@@ -155,7 +159,7 @@ class Testbed:
     # ---- use -----------------------------------------------------------------------
 
     def set_delay(self, delay_ms: float) -> None:
-        """One-way delay of each direction, jitter delay / 5 (paper Sec. 7.3)."""
+        """One-way delay of each delayed direction, jitter delay / 5 (paper Sec. 7.3)."""
         self.status = self._net(delay_ms)
 
     def run(self, method: str, question: str, config) -> dict:
