@@ -222,9 +222,10 @@ def targets(rows: list[dict], theory: list[dict]) -> list[str]:
         for delay, key, base, what, bound in checks:
             ratio = _ratio(at[delay], name, base, key)
             if ratio is not None:
+                verdict = "met" if ratio <= bound else "missed"  # 3 decimals: 1.103 is not 1.10
                 lines.append(
-                    f"+{delay:.0f} ms: {label} {what} {ratio:.2f}x CRCG/Device"
-                    f" (target <= {bound:.2f}x)"
+                    f"+{delay:.0f} ms: {label} {what} {ratio:.3f}x CRCG/Device"
+                    f" (target <= {bound:.2f}x: {verdict})"
                 )
         ratio = _ratio(at[last], name, "drdg-tw", "per_token_s")
         if ratio is not None:

@@ -95,7 +95,10 @@ def _targets(rows: list[dict]) -> list[str]:
         at = {r["method"]: r for r in rows if r["delay_ms"] == delay}
         if "dragon" in at and "crcg-device" in at:
             ratio = at["dragon"]["ttft_s"] / at["crcg-device"]["ttft_s"]
-            parts = [f"+{delay:.0f} ms: DRAGON TTFT {ratio:.2f}x CRCG/Device (target <= 1.05x)"]
+            verdict = "met" if ratio <= 1.05 else "missed"
+            parts = [
+                f"+{delay:.0f} ms: DRAGON TTFT {ratio:.3f}x CRCG/Device (target <= 1.05x: {verdict})"
+            ]
             for other in ("drcg-text", "drcg-kv"):
                 if other in at:
                     parts.append(

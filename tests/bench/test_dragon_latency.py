@@ -129,3 +129,21 @@ def test_quick_latency_and_ttft_runs(tmp_path, monkeypatch):
     tokens = {r["method"]: r["tokens"] for r in ttft["runs"]}
     assert tokens["drcg-kv"] == tokens["drcg-text"]
     assert all(r["ttft_s"] > 0 for r in ttft["table"])
+
+
+def test_target_lines_give_three_decimals_and_say_met_or_missed():
+    """1.103x is not "1.10x": the headline says which side of the line a ratio falls."""
+    from benchmarks.dragon_latency import targets
+
+    def row(method, delay, per_token, ttft=1.0):
+        return {"method": method, "delay_ms": delay, "per_token_s": per_token, "ttft_s": ttft}
+
+    mirror = "dragon-side-static-mirror"
+    rows = [
+        row("crcg-device", 0.0, 0.0333), row(mirror, 0.0, 0.0367, ttft=0.75),
+        row("crcg-device", 300.0, 0.0337), row(mirror, 300.0, 0.0400),
+    ]  # fmt: skip
+    lines = targets(rows, theory=[])
+    assert any("+0 ms:" in x and "per-token 1.102x" in x and "missed" in x for x in lines), lines
+    assert any("+300 ms:" in x and "per-token 1.187x" in x and ": met" in x for x in lines), lines
+    assert any("TTFT 0.750x" in x and ": met" in x for x in lines), lines
