@@ -22,7 +22,7 @@ from __future__ import annotations
 import gc
 import math
 import statistics
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +102,22 @@ def _row(method: str, task, result, **extra: Any) -> dict[str, Any]:
     }
 
 
+@dataclass
+class Prepared:
+    """One task's prompts, prefilled once and shared by every method and seed: the long
+    context for the target, C^S for RAG (`rag_target`) and for the drafter; the models
+    that hold them (`short_lm`: the target model's instance for short prompts)."""
+
+    task: Any
+    retrieved: Any
+    target: Any
+    rag_target: Any
+    drafter: Any
+    target_lm: Any
+    drafter_lm: Any
+    short_lm: Any
+
+
 def _prepare(task, target_lm, drafter_lm, embedder, retrieval, prefix=None, short_lm=None):
     """`short_lm`: the target model's instance for short prompts (C^S), if it has its own."""
     from tandem.protocols.rapid.prompts import drafter_prompt, target_prompt
@@ -157,6 +173,9 @@ def run_task(
     retrieved, target, rag_target, drafter = _prepare(
         task, target_lm, drafter_lm, embedder, retrieval, prefix, short_lm
     )
+    prepared = Prepared(
+        task, retrieved, target, rag_target, drafter, target_lm, drafter_lm, short_lm
+    )
     needle_hit = any(task.needle in c.text for c in retrieved.chunks)
     common = {
         "retrieved_tokens": retrieved.tokens,
@@ -167,19 +186,23 @@ def run_task(
     rows = []
     for seed in seeds:
         rows += _run_methods(
-            task, replace(config, seed=seed), target, rag_target, drafter, drafter_lm,
-            target_lm, short_lm, retrieved.retrieve_s, methods, window=window, eta=eta,
+            prepared, replace(config, seed=seed), methods, window=window, eta=eta,
             common={**common, "seed": seed},
         )  # fmt: skip
     return rows, (retrieved, target, drafter)
 
 
 def _run_methods(
-    task, config, target, rag_target, drafter, drafter_lm, target_lm, short_lm, retrieve_s,
-    methods, *, window: int, eta: float, common: dict[str, Any],
-) -> list[dict[str, Any]]:  # fmt: skip
+    prepared: Prepared, config, methods, *, window: int, eta: float, common: dict[str, Any]
+) -> list[dict[str, Any]]:
     from tandem.baselines.rapid_baselines import lc, sd, streaming_sd
     from tandem.protocols.rapid.engine import rapid
+
+    task, target, rag_target, drafter = (
+        prepared.task, prepared.target, prepared.rag_target, prepared.drafter
+    )  # fmt: skip
+    target_lm, drafter_lm, short_lm = prepared.target_lm, prepared.drafter_lm, prepared.short_lm
+    retrieve_s = prepared.retrieved.retrieve_s
 
     rows = []
     if "lc" in methods:
