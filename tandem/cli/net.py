@@ -27,7 +27,7 @@ def up(
         0.0, "--delay", help="One-way delay in ms, each --delayed direction (RTT = 2 x delay)."
     ),
     jitter: float = typer.Option(
-        0.0, "--jitter", help="Uniform +- jitter in ms, each direction (never reorders)."
+        0.0, "--jitter", help="Uniform +- jitter in ms, each --delayed direction (never reorders)."
     ),
     delayed: str = typer.Option(
         "both",
