@@ -182,7 +182,7 @@ def theorem_rows(runs: list[dict], delays, delayed: str = "both") -> list[dict]:
             res[remote] for r in dragon for res in r["resolutions"] if res["aggregated"]
         )
         rtts = [r["summary"]["rtt_s"] for r in dragon if r["summary"]["rtt_s"]]
-        rtt = statistics.fmean(rtts) if rtts else (2 if delayed == "both" else 1) * delay / 1e3
+        rtt = statistics.fmean(rtts) if rtts else _added_rtt_s(delay, delayed)
         predicted = predicted_speedup(c_dec[local], c_dec[remote], alpha, rtt)
         measured = tw / ours
         rows.append(
@@ -197,6 +197,13 @@ def theorem_rows(runs: list[dict], delays, delayed: str = "both") -> list[dict]:
             }
         )  # fmt: skip
     return rows
+
+
+def _added_rtt_s(delay_ms: float, delayed: str) -> float:
+    """What the configured delay adds to a round trip (the testbed's own rule)."""
+    from tandem.testbed.netns import NetConfig
+
+    return NetConfig(delay_ms=delay_ms, delayed=delayed).added_rtt_ms / 1e3
 
 
 def _ratio(at: dict, method: str, base: str, key: str) -> float | None:

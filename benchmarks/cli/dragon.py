@@ -90,10 +90,8 @@ def ttft(
 
 
 def _delayed(delayed: str) -> str:
-    """`--delayed`, checked before anything starts (a one-line error, no traceback)."""
-    from tandem.errors import TandemError
-    from tandem.testbed.proxy import DELAYED
+    """`--delayed`, checked by the testbed's own config before anything starts (a one-line
+    error, no traceback)."""
+    from tandem.testbed.netns import NetConfig
 
-    if delayed not in DELAYED:
-        raise TandemError(f"--delayed must be one of {', '.join(DELAYED)}, not {delayed!r}")
-    return delayed
+    return NetConfig(delayed=delayed).delayed

@@ -59,7 +59,7 @@ from typing import Literal
 
 from tandem.errors import TandemError
 from tandem.testbed.cpus import pinned_argv, plan
-from tandem.testbed.proxy import DELAYED, LINK_SUBNET
+from tandem.testbed.proxy import DELAYED, LINK_SUBNET, carries_delay
 
 DEVICE_ADDRESS = str(LINK_SUBNET.network_address + 1)  # 10.203.0.1
 CLOUD_ADDRESS = str(LINK_SUBNET.network_address + 2)  # 10.203.0.2
@@ -108,7 +108,7 @@ class NetConfig:
     @property
     def added_rtt_ms(self) -> float:
         """What the delay adds to a round trip (jitter aside)."""
-        return self.delay_ms * (2 if self.delayed == "both" else 1)
+        return self.delay_ms * sum(carries_delay(self.delayed, d) for d in ("up", "down"))
 
     def cpus(self, side: str) -> list[int]:
         """The cores of `side` (its share of `plan()` when none were named)."""
@@ -399,8 +399,7 @@ def net_up(config: NetConfig) -> NetStatus:
             )
         for side, dev in (("device", DEVICE_DEV), ("cloud", CLOUD_DEV)):
             _in_ns(namespaces[side], ["tc", "qdisc", "del", "dev", dev, "root"], check=False)
-            egress = "up" if side == "device" else "down"  # a side's egress is that direction
-            delayed = config.delayed in ("both", egress)
+            delayed = carries_delay(config.delayed, "up" if side == "device" else "down")
             for command in qdisc_commands(
                 dev,
                 delay_ms=config.delay_ms if delayed else 0.0,

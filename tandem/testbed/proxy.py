@@ -69,6 +69,14 @@ ALLOWED_NETWORKS = (
 )
 READ_BYTES = 65536
 DELAYED = ("both", "down", "up")  # which directions carry the delay and jitter
+
+
+def carries_delay(delayed: str, direction: str) -> bool:
+    """Whether `direction` ("up": device -> cloud, "down": cloud -> device) carries the delay
+    and jitter when `delayed` (one of `DELAYED`) names the delayed directions."""
+    return delayed in ("both", direction)
+
+
 DRAIN_GRACE_S = 0.5  # after a direction fails: the other may still flush this long
 
 
@@ -186,7 +194,7 @@ class _Link:
     ) -> None:
         self.rate_bps = None if config.rate_mbit is None else config.rate_mbit * 1e6 / 8
         self.burst = config.burst_bytes
-        delayed = config.delayed in ("both", direction)  # direction: "up" | "down"
+        delayed = carries_delay(config.delayed, direction)
         self.delay_s = config.delay_ms / 1e3 if delayed else 0.0
         self.jitter_s = config.jitter_ms / 1e3 if delayed else 0.0
         self.windows = windows
