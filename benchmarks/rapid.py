@@ -118,20 +118,23 @@ class Prepared:
     short_lm: Any
 
 
-def _prepare(task, target_lm, drafter_lm, embedder, retrieval, prefix=None, short_lm=None):
-    """`short_lm`: the target model's instance for short prompts (C^S), if it has its own."""
+def _prepare(
+    task, target_lm, drafter_lm, embedder, retrieval, prefix=None, short_lm=None
+) -> Prepared:
+    """`short_lm`: the target model's instance for short prompts (C^S), if it has its own
+    (kept as given in the record: None means the target's own instance)."""
     from tandem.protocols.rapid.prompts import drafter_prompt, target_prompt
     from tandem.protocols.rapid.retrieval import retrieve
     from tandem.protocols.rapid.states import Prefilled
 
-    short_lm = short_lm or target_lm
+    short = short_lm or target_lm
     retrieved = retrieve(task.context, task.question, target_lm.tokenizer, embedder, retrieval)
     ids = target_prompt(target_lm.tokenizer, task.context, task.question)
     target = Prefilled(target_lm, ids, prefix=prefix)
     rag_ids = drafter_prompt(target_lm.tokenizer, retrieved.text, task.question)
-    rag_target = Prefilled(short_lm, rag_ids)
-    drafter = rag_target if drafter_lm is short_lm else Prefilled(drafter_lm, rag_ids)
-    return retrieved, target, rag_target, drafter
+    rag_target = Prefilled(short, rag_ids)
+    drafter = rag_target if drafter_lm is short else Prefilled(drafter_lm, rag_ids)
+    return Prepared(task, retrieved, target, rag_target, drafter, target_lm, drafter_lm, short_lm)
 
 
 def _moved(state, source, dest, folder: Path):
@@ -170,12 +173,8 @@ def run_task(
     and the prepared prompts (for the sweep). `prefix`: the shared long context's prefill (the
     task's prompt continues it). `short_lm`: the target model's own instance for the short
     prompts (module doc of `run`)."""
-    retrieved, target, rag_target, drafter = _prepare(
-        task, target_lm, drafter_lm, embedder, retrieval, prefix, short_lm
-    )
-    prepared = Prepared(
-        task, retrieved, target, rag_target, drafter, target_lm, drafter_lm, short_lm
-    )
+    prepared = _prepare(task, target_lm, drafter_lm, embedder, retrieval, prefix, short_lm)
+    retrieved, target = prepared.retrieved, prepared.target
     needle_hit = any(task.needle in c.text for c in retrieved.chunks)
     common = {
         "retrieved_tokens": retrieved.tokens,
@@ -189,7 +188,7 @@ def run_task(
             prepared, replace(config, seed=seed), methods, window=window, eta=eta,
             common={**common, "seed": seed},
         )  # fmt: skip
-    return rows, (retrieved, target, drafter)
+    return rows, (retrieved, target, prepared.drafter)
 
 
 def _run_methods(
