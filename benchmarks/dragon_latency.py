@@ -49,8 +49,17 @@ METHODS = ("crcg-device", "crcg-cloud", "drcg-text", "drcg-kv", "drdg-sw", "drdg
 # decoding), and that with branch drafts ("own", "peer") or mirrored resolution
 EXTRA_METHODS = (
     "dragon-side", "dragon-side-static", "dragon-side-static-own", "dragon-side-static-peer",
-    "dragon-side-static-mirror",
+    "dragon-side-static-mirror", "crcg-device-contended",
 )  # fmt: skip
+# A testbed control, not a method: CRCG/Device while the cloud's cores decode nonstop
+# (`Testbed.contended`), i.e. with the memory-system contention DRAGON's device sees here and
+# separate machines would not. No target is judged against it; it splits DRAGON's overhead.
+CONTROL = "crcg-device-contended"
+CONTROL_NOTE = (
+    "CRCG/Device while a burner on the cloud's cores decodes the same model nonstop "
+    "(runs[].burner: its steps and ms per step); the share of DRAGON's overhead that is the "
+    "two sides sharing this box's memory system"
+)
 LABELS = {
     "crcg-device": "CRCG/Device", "crcg-cloud": "CRCG/Cloud", "drcg-text": "DRCG/Text",
     "drcg-kv": "DRCG/KV", "drdg-sw": "DRDG/SW", "drdg-tw": "DRDG/TW", "dragon": "DRAGON",
@@ -59,6 +68,7 @@ LABELS = {
     "dragon-side-static-own": "DRAGON, 1 row/side, static, branch on own 2nd choice",
     "dragon-side-static-peer": "DRAGON, 1 row/side, static, branch on peer's token",
     "dragon-side-static-mirror": "DRAGON, 1 row/side, static, mirrored resolution",
+    CONTROL: "CRCG/Device, cloud cores decoding (testbed control)",
 }  # fmt: skip
 # every DRAGON variant the bench runs: its DragonConfig fields beyond the bench's own
 _STATIC = {"rows": "side", "scorer": "static"}  # one row per side, retrieval scores as weights
@@ -96,6 +106,10 @@ def bench_config(tokens: int, seed: int = 0, method: str = "dragon"):
 
 def _run(bed, method: str, question: str, tokens: int) -> dict:
     """One generation; every DRAGONS variant runs as the dragon method with its config."""
+    if method == CONTROL:
+        with bed.contended() as burner:
+            record = bed.run("crcg-device", question, bench_config(tokens))
+        return {**record, "method": method, "burner": burner}
     worker_method = "dragon" if method in DRAGONS else method
     record = bed.run(worker_method, question, bench_config(tokens, method=method))
     return {**record, "method": method}
@@ -234,6 +248,12 @@ def targets(rows: list[dict], theory: list[dict]) -> list[str]:
                     f"+{delay:.0f} ms: {label} {what} {ratio:.3f}x CRCG/Device"
                     f" (target <= {bound:.2f}x: {verdict})"
                 )
+        for delay in sorted({first, last}):
+            ratio = _ratio(at[delay], name, CONTROL, "per_token_s")
+            if ratio is not None:  # what is left with the testbed's contention on both sides
+                lines.append(
+                    f"+{delay:.0f} ms: {label} per-token {ratio:.3f}x {LABELS[CONTROL]} (no target)"
+                )
         ratio = _ratio(at[last], name, "drdg-tw", "per_token_s")
         if ratio is not None:
             lines.append(
@@ -298,6 +318,7 @@ def run(
             "temperature": 0.0, "quick": quick, "wall_s": time.perf_counter() - started,
             "methods": list(methods), "load_1min_per_run": "runs[].load_1min",
             "dragon_variants": {m: DRAGONS[m] for m in methods if m in DRAGONS},
+            "controls": {CONTROL: CONTROL_NOTE} if CONTROL in methods else {},
             "dragon_defaults": bench_config(tokens).to_json(),
             "per_token": "mean inter-token gap at the device; DRDG/SW: (answer - prefill) / n",
             "theorem": "S = Z_TW / Z_DRAGON; 1/S = 1 - a_r / (1 + c_r / rtt) if c_l <= c_r; "

@@ -29,9 +29,10 @@ def test_cli_commands_are_registered():
 
 
 def test_dragon_variants_run_the_dragon_method_with_their_config():
-    from benchmarks.dragon_latency import DRAGONS, EXTRA_METHODS, LABELS, bench_config
+    from benchmarks.dragon_latency import CONTROL, DRAGONS, EXTRA_METHODS, LABELS, bench_config
 
-    assert set(EXTRA_METHODS) <= set(DRAGONS) and set(DRAGONS) <= set(LABELS)
+    assert set(EXTRA_METHODS) - {CONTROL} <= set(DRAGONS) and set(DRAGONS) <= set(LABELS)
+    assert CONTROL in LABELS and CONTROL not in DRAGONS  # a device-only run, not a variant
     configs = [bench_config(8, method=m) for m in DRAGONS]
     paper, side, static, own, peer, mirror = configs
     assert (mirror.rows, mirror.scorer, mirror.mirror, static.mirror) == (
@@ -88,7 +89,7 @@ def test_quick_latency_and_ttft_runs(tmp_path, monkeypatch):
         corpora[name] = str(folder)
     out = tmp_path / "out"
     common = {"out": out, "quick": True, "model": "tiny-qwen2", "net_name": "tandem-dbtest"}
-    methods = (*dragon_latency.METHODS, "dragon-side-static")
+    methods = (*dragon_latency.METHODS, "dragon-side-static", dragon_latency.CONTROL)
     latency = dragon_latency.run(delays=(0.0, 20.0), tokens=4, methods=methods, **common, **corpora)
     saved = json.loads((out / "dragon_latency.json").read_text())
     assert (out / "dragon_latency.png").stat().st_size > 0
@@ -104,6 +105,11 @@ def test_quick_latency_and_ttft_runs(tmp_path, monkeypatch):
     }
     assert all(len(r["tokens"]) == 4 and len(r["token_times"]) == 4 for r in runs)
     by = {(r["method"], r["delay_ms"]): r["tokens"] for r in runs}
+    # the control is CRCG/Device beside a burner that decoded on the cloud's cores meanwhile
+    control = [r for r in runs if r["method"] == dragon_latency.CONTROL]
+    assert all(r["burner"]["steps"] > 0 and not r["burner"]["burning"] for r in control)
+    assert by[(dragon_latency.CONTROL, 0.0)] == by[("crcg-device", 0.0)]
+    assert dragon_latency.CONTROL in saved["setup"]["controls"]
     # one model on both sides: token-wise synchronised aggregation = DRAGON, at every delay
     assert by[("drdg-tw", 0.0)] == by[("dragon", 0.0)] == by[("dragon", 20.0)]
     assert [r["delay_ms"] for r in latency["theorem_6_2"]] == [0.0, 20.0]
@@ -147,3 +153,47 @@ def test_target_lines_give_three_decimals_and_say_met_or_missed():
     assert any("+0 ms:" in x and "per-token 1.102x" in x and "missed" in x for x in lines), lines
     assert any("+300 ms:" in x and "per-token 1.187x" in x and ": met" in x for x in lines), lines
     assert any("TTFT 0.750x" in x and ": met" in x for x in lines), lines
+    assert not any("testbed control" in x for x in lines), lines  # only when it ran
+
+
+def test_the_contention_control_gets_a_ratio_and_no_verdict():
+    from benchmarks.dragon_latency import CONTROL, targets
+
+    rows = [
+        {"method": m, "delay_ms": 0.0, "per_token_s": t, "ttft_s": 1.0}
+        for m, t in (
+            ("crcg-device", 0.035),
+            (CONTROL, 0.037),
+            ("dragon-side-static-mirror", 0.0388),
+        )
+    ]
+    lines = [x for x in targets(rows, theory=[]) if "testbed control" in x]
+    assert len(lines) == 1 and "per-token 1.049x" in lines[0] and "(no target)" in lines[0]
+
+
+def test_the_burner_decodes_between_on_and_off(tmp_path, monkeypatch):
+    """`Testbed.contended`'s burner: decoding once "on" is answered, stopped with its step
+    count once "off" is; a model that cannot load is an exit, reported, not a hang."""
+    import subprocess
+    import sys
+
+    from tandem.baselines.dragon.testbed import _read_answer
+    from tandem.errors import TandemError
+
+    monkeypatch.setenv("TANDEM_HOME", str(tmp_path))
+    argv = [sys.executable, "-m", "tandem.baselines.dragon.testbed", "--burn", "--threads", "1"]
+    pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "text": True, "bufsize": 1}
+    with subprocess.Popen([*argv, "--model", "tiny-qwen2"], **pipes) as burner:
+        assert _read_answer(burner, "burner")["ready"]
+        answers = []
+        for command in ("on", "off", "on", "off"):
+            burner.stdin.write(command + "\n")
+            burner.stdin.flush()
+            answers.append(_read_answer(burner, "burner"))
+        burner.stdin.close()
+    assert [a["burning"] for a in answers] == [True, False, True, False]
+    assert answers[1]["steps"] >= 1 and answers[1]["ms_per_step"] > 0
+    pipes["stderr"] = subprocess.DEVNULL
+    with subprocess.Popen([*argv, "--model", "no-such-model"], **pipes) as broken:
+        with pytest.raises(TandemError, match="burner exited"):
+            _read_answer(broken, "burner")

@@ -16,12 +16,19 @@ cloud = core 1 on a 2-core box), pinned from its start (`netns.side_argv`), with
 engine threads as it owns, and reports what it sees of itself (`observed`). Device-only runs
 (CRCG/Device) happen in the device worker, on the device's set. Without root or iproute2 the
 same proxy runs on loopback (`NetStatus.mode == "loopback"`, with the reason in `notes`).
+
+A testbed control (`Testbed.contended`): two machines on one box still share its memory
+system (L3 cache, DRAM bandwidth), so the device decodes slower while the cloud decodes too,
+which separate machines would not. `contended()` runs a *burner* on the cloud's cores (the same
+model decoding greedily, nonstop: what the cloud does during DRAGON) around a device-only run,
+so a benchmark can measure that share of DRAGON's overhead beside the real baselines.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import secrets
@@ -70,6 +77,7 @@ class Testbed:
         self.procs: list[subprocess.Popen] = []
         self.status = None
         self.observed: dict[str, dict] = {}  # side -> machine_state() it reported
+        self.burner: subprocess.Popen | None = None  # `contended()`'s decoder on the cloud cores
         self.workdir = Path(tempfile.mkdtemp(prefix="tandem-dbench-"))
 
     # ---- lifecycle -----------------------------------------------------------------
@@ -138,6 +146,34 @@ class Testbed:
         self.observed["cloud"] = json.loads(ready.read_text()).get("machine", {})
         self.observed["device"] = self._read().get("machine", {})  # the worker's ready line
 
+    @contextlib.contextmanager
+    def contended(self):
+        """The cloud's cores decode nonstop (the burner) inside this block (module docstring).
+        The burner starts once, decodes only between "on" and "off", and ends with the bed."""
+        if self.burner is None:
+            from tandem.testbed.netns import side_argv
+
+            argv = [sys.executable, "-m", "tandem.baselines.dragon.testbed", "--burn"]
+            argv += ["--model", self.model, "--threads", str(len(self.cpus["cloud"]))]
+            self.burner = subprocess.Popen(
+                side_argv(self.status, "cloud", argv), stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, text=True, bufsize=1,
+            )  # fmt: skip
+            self.procs.append(self.burner)
+            _read_answer(self.burner, "burner")  # loaded
+        self._burn("on")
+        stats: dict = {}
+        try:
+            yield stats
+        finally:
+            stats.update(self._burn("off"))
+
+    def _burn(self, command: str) -> dict:
+        """ "on": answered once decoding; "off": once stopped, with the steps it decoded."""
+        self.burner.stdin.write(command + "\n")
+        self.burner.stdin.flush()
+        return _read_answer(self.burner, "burner")
+
     def close(self) -> None:
         from tandem.testbed.netns import net_down
 
@@ -172,12 +208,17 @@ class Testbed:
         return answer
 
     def _read(self) -> dict:
-        while True:
-            line = self.worker.stdout.readline()
-            if not line:
-                raise TandemError("dragon testbed: the device worker exited (see its stderr)")
-            if line.startswith(MARK):
-                return json.loads(line[len(MARK) :])
+        return _read_answer(self.worker, "device worker")
+
+
+def _read_answer(proc: subprocess.Popen, what: str) -> dict:
+    """The next `MARK` line of a worker's stdout, as JSON."""
+    while True:
+        line = proc.stdout.readline()
+        if not line:
+            raise TandemError(f"dragon testbed: the {what} exited (see its stderr)")
+        if line.startswith(MARK):
+            return json.loads(line[len(MARK) :])
 
 
 # ---- the device worker (runs in the device namespace) -------------------------------
@@ -223,18 +264,84 @@ async def run_one(setup, host: str, port: int, request: dict) -> dict:
     return baseline_record(await run_baseline_device(method, channel, **common))
 
 
+BURN_CONTEXT = 160  # tokens of context the burner decodes after (about a DRAGON side's)
+BURN_TOKENS = 64  # then it starts over from the context
+
+
+def burn_main(model: str, threads: int) -> None:
+    """The burner (`Testbed.contended`): "on" on stdin starts greedy decoding in a loop (the
+    answer comes once the first step is done), "off" stops it (answered once stopped)."""
+    import threading
+
+    from tandem.models.base import release
+    from tandem.models.registry import load_model
+    from tandem.protocols.dragon.setup import set_threads
+
+    set_threads(threads)
+    lm = load_model(model, progress=False)
+    ids = lm.tokenizer.encode("def parse(line):\n    return line.split(',')\n") * 40
+    ids = ids[:BURN_CONTEXT]
+    running, stepped, idle = threading.Event(), threading.Event(), threading.Event()
+    steps: list[float] = []  # seconds of each step since "on"
+    failed: list[str] = []
+
+    def loop() -> None:
+        try:
+            while True:
+                idle.set()
+                running.wait()
+                idle.clear()
+                state = lm.prefill([ids])
+                token = int(state.logits[0].argmax())
+                for _ in range(BURN_TOKENS):
+                    if not running.is_set():
+                        break
+                    began = time.perf_counter()
+                    token = int(lm.decode(state, [[token]])[0].argmax())
+                    steps.append(time.perf_counter() - began)
+                    stepped.set()
+                release(lm, state)
+        except Exception as exc:  # noqa: BLE001 - answered on stdout, never a hang
+            failed.append(f"{type(exc).__name__}: {exc}")
+            stepped.set()
+            idle.set()
+
+    threading.Thread(target=loop, daemon=True).start()
+    print(MARK + json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        answer: dict = {}
+        if line.strip() == "on":
+            steps.clear()
+            stepped.clear()
+            running.set()
+            stepped.wait()
+        else:
+            running.clear()
+            idle.wait()  # the step in flight ends
+            answer = {"steps": len(steps), "ms_per_step": 1e3 * sum(steps) / max(1, len(steps))}
+        if failed:
+            answer = {"error": failed[0]}
+        print(MARK + json.dumps({"burning": running.is_set(), **answer}), flush=True)
+
+
 def worker_main(argv: list[str] | None = None) -> None:
     from tandem.protocols.dragon.setup import load_side, set_threads
     from tandem.testbed.cpus import machine_state
     from tandem.testbed.proxy import parse_hostport
 
     parser = argparse.ArgumentParser(prog="python -m tandem.baselines.dragon.testbed")
-    parser.add_argument("--corpus", required=True)
+    parser.add_argument("--corpus")
     parser.add_argument("--model", required=True)
-    parser.add_argument("--connect", required=True)
+    parser.add_argument("--connect")
     parser.add_argument("--docs", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--burn", action="store_true", help="be `Testbed.contended`'s burner")
     args = parser.parse_args(argv)
+    if args.burn:
+        burn_main(args.model, args.threads)
+        return
+    if not (args.corpus and args.connect):
+        parser.error("--corpus and --connect are required (unless --burn)")
     set_threads(args.threads)
     setup = load_side(corpus=args.corpus, model=args.model, docs=args.docs, progress=False)
     host, port = parse_hostport(args.connect)
