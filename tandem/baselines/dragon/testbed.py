@@ -265,15 +265,15 @@ async def run_one(setup, host: str, port: int, request: dict) -> dict:
 
 
 BURN_CONTEXT = 160  # tokens of context the burner decodes after (about a DRAGON side's)
-BURN_TOKENS = 64  # then it starts over from the context
+BURN_TOKENS = 64  # then it crops back to the context and goes on
 
 
 def burn_main(model: str, threads: int) -> None:
     """The burner (`Testbed.contended`): "on" on stdin starts greedy decoding in a loop (the
-    answer comes once the first step is done), "off" stops it (answered once stopped)."""
+    answer comes once the first step is done), "off" stops it (answered once stopped). The
+    context is prefilled once, at start: while "on" it only decodes, as a DRAGON side does."""
     import threading
 
-    from tandem.models.base import release
     from tandem.models.registry import load_model
     from tandem.protocols.dragon.setup import set_threads
 
@@ -287,20 +287,19 @@ def burn_main(model: str, threads: int) -> None:
 
     def loop() -> None:
         try:
+            state = lm.prefill([ids])
+            token = int(state.logits[0].argmax())
             while True:
                 idle.set()
                 running.wait()
                 idle.clear()
-                state = lm.prefill([ids])
-                token = int(state.logits[0].argmax())
-                for _ in range(BURN_TOKENS):
-                    if not running.is_set():
-                        break
+                while running.is_set():  # decode steps only, at a DRAGON side's context
+                    if state.seq_len >= BURN_CONTEXT + BURN_TOKENS:
+                        lm.crop(state, BURN_CONTEXT)  # back to the context, no new prefill
                     began = time.perf_counter()
                     token = int(lm.decode(state, [[token]])[0].argmax())
                     steps.append(time.perf_counter() - began)
                     stepped.set()
-                release(lm, state)
         except Exception as exc:  # noqa: BLE001 - answered on stdout, never a hang
             failed.append(f"{type(exc).__name__}: {exc}")
             stepped.set()
