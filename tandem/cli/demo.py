@@ -16,7 +16,7 @@ import typer
 
 # What `tandem demo` and `tandem device run --mode dragon` run unless told otherwise: one decode
 # row per side holding its documents, weighted by their retrieval scores, the configuration
-# measured at 1.07-1.14x device-only decoding per token (docs/dragon.md, "Greedy aggregation
+# measured at 1.07-1.18x device-only decoding per token (docs/dragon.md, "Greedy aggregation
 # on the sparse supports"). The paper's form, one row per document re-weighted as the answer
 # grows, is `--rows documents --scorer embedding` (the library's DragonConfig default), about
 # 3x slower here: each extra row costs 1.5 decodes on this CPU.
