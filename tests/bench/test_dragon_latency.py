@@ -197,3 +197,21 @@ def test_the_burner_decodes_between_on_and_off(tmp_path, monkeypatch):
     with subprocess.Popen([*argv, "--model", "no-such-model"], **pipes) as broken:
         with pytest.raises(TandemError, match="burner exited"):
             _read_answer(broken, "burner")
+
+
+def test_a_failed_burner_is_a_one_line_error(tmp_path):
+    """The burner answers a failure (e.g. its decode raised) with "error"; the bed raises it."""
+    import io
+    from types import SimpleNamespace
+
+    from tandem.baselines.dragon.testbed import MARK, Testbed
+    from tandem.errors import TandemError
+
+    bed = Testbed(
+        model="m", public_index=tmp_path, private_index=tmp_path, cpus={"device": [0], "cloud": [1]}
+    )
+    answer = MARK + json.dumps({"burning": False, "error": "RuntimeError: boom"}) + "\n"
+    bed.burner = SimpleNamespace(stdin=io.StringIO(), stdout=io.StringIO(answer))
+    with pytest.raises(TandemError, match="burner failed: RuntimeError: boom"):
+        bed._burn("on")
+    assert bed.burner.stdin.getvalue() == "on\n"

@@ -169,10 +169,14 @@ class Testbed:
             stats.update(self._burn("off"))
 
     def _burn(self, command: str) -> dict:
-        """ "on": answered once decoding; "off": once stopped, with the steps it decoded."""
+        """The burner's answer: to "on" once decoding, to "off" once stopped, with the steps
+        it decoded. A burner that failed is a TandemError naming the failure."""
         self.burner.stdin.write(command + "\n")
         self.burner.stdin.flush()
-        return _read_answer(self.burner, "burner")
+        answer = _read_answer(self.burner, "burner")
+        if "error" in answer:
+            raise TandemError(f"dragon testbed: the burner failed: {answer['error']}")
+        return answer
 
     def close(self) -> None:
         from tandem.testbed.netns import net_down
