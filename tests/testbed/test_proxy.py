@@ -284,14 +284,16 @@ def test_an_upstream_that_never_reads_holds_the_proxy_at_its_buffer_bound():
                     await writer.drain()
 
             client = asyncio.create_task(send())
-            async with asyncio.timeout(20):
-                while proxy.held_bytes < limit and not client.done():
-                    await asyncio.sleep(0.01)
-            await asyncio.sleep(0.3)
-            held, blocked = proxy.held_bytes, not client.done()
-            client.cancel()
-            writer.close()
-            stop.set()
+            try:
+                async with asyncio.timeout(20):
+                    while proxy.held_bytes < limit and not client.done():
+                        await asyncio.sleep(0.01)
+                await asyncio.sleep(0.3)
+                held, blocked = proxy.held_bytes, not client.done()
+            finally:  # the upstream goes before the proxy closes, or closing waits on it
+                client.cancel()
+                writer.close()
+                stop.set()
         server.close()
         await server.wait_closed()
         return held, blocked
