@@ -181,7 +181,7 @@ def test_the_burner_decodes_between_on_and_off(tmp_path, monkeypatch):
     from tandem.errors import TandemError
 
     monkeypatch.setenv("TANDEM_HOME", str(tmp_path))
-    argv = [sys.executable, "-m", "tandem.baselines.dragon.testbed", "--burn", "--threads", "1"]
+    argv = [sys.executable, "-m", "tandem.baselines.dragon.burner", "--threads", "1"]
     pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "text": True, "bufsize": 1}
     with subprocess.Popen([*argv, "--model", "tiny-qwen2"], **pipes) as burner:
         assert _read_answer(burner, "burner")["ready"]

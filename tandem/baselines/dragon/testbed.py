@@ -19,9 +19,10 @@ same proxy runs on loopback (`NetStatus.mode == "loopback"`, with the reason in 
 
 A testbed control (`Testbed.contended`): two machines on one box still share its memory
 system (L3 cache, DRAM bandwidth), so the device decodes slower while the cloud decodes too,
-which separate machines would not. `contended()` runs a *burner* on the cloud's cores (the same
-model decoding greedily, nonstop: what the cloud does during DRAGON) around a device-only run,
-so a benchmark can measure that share of DRAGON's overhead beside the real baselines.
+which separate machines would not. `contended()` runs a *burner* on the cloud's cores
+(`burner.py`: the same model decoding greedily, nonstop, what the cloud does during DRAGON)
+around a device-only run, so a benchmark can measure that share of DRAGON's overhead beside
+the real baselines.
 """
 
 from __future__ import annotations
@@ -132,11 +133,7 @@ class Testbed:
         device += ["--corpus", str(self.private_index), "--model", self.model]
         device += ["--connect", self.status.connect, "--docs", str(self.docs)]
         device += ["--threads", str(len(self.cpus["device"]))]
-        self.worker = subprocess.Popen(
-            side_argv(self.status, "device", device), env=env, stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, text=True, bufsize=1,
-        )  # fmt: skip
-        self.procs.append(self.worker)
+        self.worker = self._spawn_worker("device", device, env=env)
         deadline = time.monotonic() + READY_TIMEOUT_S
         while not ready.is_file():
             if self.procs[0].poll() is not None or time.monotonic() > deadline:
@@ -151,15 +148,9 @@ class Testbed:
         """The cloud's cores decode nonstop (the burner) inside this block (module docstring).
         The burner starts once, decodes only between "on" and "off", and ends with the bed."""
         if self.burner is None:
-            from tandem.testbed.netns import side_argv
-
-            argv = [sys.executable, "-m", "tandem.baselines.dragon.testbed", "--burn"]
+            argv = [sys.executable, "-m", "tandem.baselines.dragon.burner"]
             argv += ["--model", self.model, "--threads", str(len(self.cpus["cloud"]))]
-            self.burner = subprocess.Popen(
-                side_argv(self.status, "cloud", argv), stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE, text=True, bufsize=1,
-            )  # fmt: skip
-            self.procs.append(self.burner)
+            self.burner = self._spawn_worker("cloud", argv)
             _read_answer(self.burner, "burner")  # loaded
         self._burn("on")
         stats: dict = {}
@@ -177,6 +168,18 @@ class Testbed:
         if "error" in answer:
             raise TandemError(f"dragon testbed: the burner failed: {answer['error']}")
         return answer
+
+    def _spawn_worker(self, side: str, argv: list[str], env=None) -> subprocess.Popen:
+        """A process on `side`'s cores that reads requests on stdin and answers `MARK` lines
+        on stdout (the device worker, the burner); closed with the bed."""
+        from tandem.testbed.netns import side_argv
+
+        proc = subprocess.Popen(
+            side_argv(self.status, side, argv), env=env, stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, text=True, bufsize=1,
+        )  # fmt: skip
+        self.procs.append(proc)
+        return proc
 
     def close(self) -> None:
         from tandem.testbed.netns import net_down
@@ -268,83 +271,18 @@ async def run_one(setup, host: str, port: int, request: dict) -> dict:
     return baseline_record(await run_baseline_device(method, channel, **common))
 
 
-BURN_CONTEXT = 160  # tokens of context the burner decodes after (about a DRAGON side's)
-BURN_TOKENS = 64  # then it crops back to the context and goes on
-
-
-def burn_main(model: str, threads: int) -> None:
-    """The burner (`Testbed.contended`): "on" on stdin starts greedy decoding in a loop (the
-    answer comes once the first step is done), "off" stops it (answered once stopped). The
-    context is prefilled once, at start: while "on" it only decodes, as a DRAGON side does."""
-    import threading
-
-    from tandem.models.registry import load_model
-    from tandem.protocols.dragon.setup import set_threads
-
-    set_threads(threads)
-    lm = load_model(model, progress=False)
-    ids = lm.tokenizer.encode("def parse(line):\n    return line.split(',')\n") * 40
-    ids = ids[:BURN_CONTEXT]
-    running, stepped, idle = threading.Event(), threading.Event(), threading.Event()
-    steps: list[float] = []  # seconds of each step since "on"
-    failed: list[str] = []
-
-    def loop() -> None:
-        try:
-            state = lm.prefill([ids])
-            token = int(state.logits[0].argmax())
-            while True:
-                idle.set()
-                running.wait()
-                idle.clear()
-                while running.is_set():  # decode steps only, at a DRAGON side's context
-                    if state.seq_len >= BURN_CONTEXT + BURN_TOKENS:
-                        lm.crop(state, BURN_CONTEXT)  # back to the context, no new prefill
-                    began = time.perf_counter()
-                    token = int(lm.decode(state, [[token]])[0].argmax())
-                    steps.append(time.perf_counter() - began)
-                    stepped.set()
-        except Exception as exc:  # noqa: BLE001 - answered on stdout, never a hang
-            failed.append(f"{type(exc).__name__}: {exc}")
-            stepped.set()
-            idle.set()
-
-    threading.Thread(target=loop, daemon=True).start()
-    print(MARK + json.dumps({"ready": True}), flush=True)
-    for line in sys.stdin:
-        answer: dict = {}
-        if line.strip() == "on":
-            steps.clear()
-            stepped.clear()
-            running.set()
-            stepped.wait()
-        else:
-            running.clear()
-            idle.wait()  # the step in flight ends
-            answer = {"steps": len(steps), "ms_per_step": 1e3 * sum(steps) / max(1, len(steps))}
-        if failed:
-            answer = {"error": failed[0]}
-        print(MARK + json.dumps({"burning": running.is_set(), **answer}), flush=True)
-
-
 def worker_main(argv: list[str] | None = None) -> None:
     from tandem.protocols.dragon.setup import load_side, set_threads
     from tandem.testbed.cpus import machine_state
     from tandem.testbed.proxy import parse_hostport
 
     parser = argparse.ArgumentParser(prog="python -m tandem.baselines.dragon.testbed")
-    parser.add_argument("--corpus")
+    parser.add_argument("--corpus", required=True)
     parser.add_argument("--model", required=True)
-    parser.add_argument("--connect")
+    parser.add_argument("--connect", required=True)
     parser.add_argument("--docs", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--burn", action="store_true", help="be `Testbed.contended`'s burner")
     args = parser.parse_args(argv)
-    if args.burn:
-        burn_main(args.model, args.threads)
-        return
-    if not (args.corpus and args.connect):
-        parser.error("--corpus and --connect are required (unless --burn)")
     set_threads(args.threads)
     setup = load_side(corpus=args.corpus, model=args.model, docs=args.docs, progress=False)
     host, port = parse_hostport(args.connect)
