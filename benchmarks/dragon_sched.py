@@ -22,7 +22,9 @@ the recorded outcome in place of Algorithm 1. Modelled, on virtual time, is only
   unresolved own drafts ahead of the targets it knows (`worker.DraftWorker`);
 - the link: the machines' messages with the delays above; the RTT the scheduler reads is an
   RFC 6298 smoothed RTT of in-band pings every `rtt_probe_s`;
-- a side learns a resolution when it aggregates or when the target arrives; a rejected side
+- a side learns a resolution when it aggregates or when the target arrives (with `mirror`,
+  the live default, also as soon as it holds both drafts: `SideMachine`'s mirroring, which
+  makes the placement latency-neutral); a rejected side
   cancels its decode in flight at once (preemption), drops its queued drafts (epochs: stale
   drafts arriving later are dropped) and decodes the target to draft t+1 from there;
 - switching: the old aggregator stops at once; the new one starts when the switch arrives
@@ -127,6 +129,9 @@ class SimConfig:
     switch_margin_s: float = 0.0
     prompt_context: int = 128  # context length of a row before the first draft
     recorded_rates: bool = True  # the tracker learns the trace's Eq. 5 rates (if it has them)
+    # the side that does not aggregate resolves as soon as it holds both drafts (the live
+    # default, DragonConfig.mirror); off: the paper's protocol, where it waits for the verdict
+    mirror: bool = False
 
 
 @dataclass
@@ -206,6 +211,7 @@ class Simulation:
                 rtt=lambda s=s: self._rtt(s),
                 acceptance_ema=config.acceptance_ema,
                 slope_weight=config.slope_weight,
+                mirror=config.mirror,
             )
             for s in SIDES
         }
@@ -457,6 +463,7 @@ class SchedConfig:
     switch_margin_s: float = 0.0  # the live default (DragonConfig.switch_margin_s)
     recorded_rates: bool = True  # False: the tracker learns 0/1 outcomes (older recordings)
     lookahead: int = DragonConfig.lookahead  # the live default (8 until 2026-11-26)
+    mirror: bool = False  # the paper's protocol; True replays the live default (SimConfig)
     seed: int = 0
 
     @property
@@ -467,6 +474,7 @@ class SchedConfig:
             acceptance_ema=self.acceptance_ema,
             switch_margin_s=self.switch_margin_s,
             recorded_rates=self.recorded_rates,
+            mirror=self.mirror,
         )
 
 

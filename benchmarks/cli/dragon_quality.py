@@ -74,6 +74,12 @@ def scheduling(
     lookahead: int = typer.Option(
         0, "--lookahead", min=0, help="Drafts a side keeps ahead (0: DragonConfig's default)."
     ),
+    mirror: bool = typer.Option(
+        False,
+        "--mirror",
+        help="Replay the live default: the side that does not aggregate resolves once it holds "
+        "both drafts (off: the paper's protocol, it waits for the aggregator's verdict).",
+    ),
     name: str = typer.Option("dragon_sched", "--name", help="Result file name (no suffix)."),
     quick: bool = typer.Option(False, "--quick", help="Tiny models, 10 traces (~1 min)."),
     device_cpus: str = DEVICE_CPUS,
@@ -92,6 +98,7 @@ def scheduling(
     config = SchedConfig(
         traces=traces, tokens=tokens, acceptance_ema=acceptance_ema,
         switch_margin_s=switch_margin, recorded_rates=not zero_one_rates, lookahead=lookahead,
+        mirror=mirror,
     )  # fmt: skip
     questions = QUESTIONS
     if quick:
@@ -100,7 +107,7 @@ def scheduling(
         config = SchedConfig(
             traces=min(traces, 10), tokens=min(tokens, 50), extras_s=(0.0, 0.2),
             acceptance_ema=acceptance_ema, switch_margin_s=switch_margin,
-            recorded_rates=not zero_one_rates, lookahead=lookahead,
+            recorded_rates=not zero_one_rates, lookahead=lookahead, mirror=mirror,
         )  # fmt: skip
     path = recording or out / TRACES_FILE
     cpus = role_cpus(device_cpus, cloud_cpus)

@@ -109,6 +109,31 @@ def test_dragon_is_never_much_worse_than_the_best_fixed_side(rejected):
     assert totals["dragon"] < 0.5 * max(totals["device"], totals["cloud"])
 
 
+def test_mirroring_makes_the_placement_latency_neutral():
+    """With the live default (`mirror`), each side resolves a position once it holds both
+    drafts, wherever the aggregator is, so every strategy gives the device the same token times
+    on the same replay; without it (the paper's protocol) the placement shows."""
+    recorded = [
+        Trace({"device": tuple(np.arange(40) % 5 > 0), "cloud": tuple(np.arange(40) % 3 > 0)})
+    ]
+    trace = bootstrap_traces(recorded, count=1, tokens=60, block=10, seed=2)[0]
+    decode = DecodeTimes({"device": np.array([0.05, 0.08, 0.1]), "cloud": np.array([0.01, 0.02])})
+    net = Network(base_rtt_s=0.01, extra_s=0.3, noise_s=0.02, seed=4, phase=0.5)
+    times = {
+        mirror: {
+            s: simulate(trace, decode, net, s, SimConfig(tokens=60, mirror=mirror), seed=9)
+            for s in STRATEGIES
+        }
+        for mirror in (False, True)
+    }
+    mirrored = times[True]
+    assert all(r.token_times == mirrored["device"].token_times for r in mirrored.values())
+    assert mirrored["random"].switches > 0  # the aggregator did move
+    paper = {s: r.total_s for s, r in times[False].items()}
+    assert len(set(paper.values())) > 1, paper
+    assert mirrored["device"].total_s <= min(paper.values()) + 1e-9
+
+
 def test_same_seed_same_replay_other_seed_other_replay():
     recorded = [
         Trace({"device": tuple(np.arange(30) % 3 > 0), "cloud": tuple(np.arange(30) % 4 == 0)})
