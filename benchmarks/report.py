@@ -1,8 +1,9 @@
 """Where benchmark results go and how they are written: JSON (raw numbers + environment) and a
 PNG plot side by side under `benchmarks/results/`.
 
-Every JSON carries `environment` (this box, and this process's cpu set, torch threads and load
-average when saved); a benchmark that runs a device and a cloud also passes `Machines`, which
+Every JSON carries `environment` (this box, this process's cpu set, torch threads and load
+average when saved, and `code`: the git commit of the tandem that ran, and whether its tracked
+files differed from it outside `benchmarks/results/`); a benchmark that runs a device and a cloud also passes `Machines`, which
 adds `machines`: each side's cpu set and engine threads, how the sides were kept apart, what
 each side saw of itself, and the load average before and after the run.
 """
@@ -13,6 +14,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,7 +37,32 @@ def environment() -> dict[str, Any]:
         "torch_threads": torch.get_num_threads(),
         "python": platform.python_version(),
         "this_process": machine_state(),
+        "code": code_version(),
     }
+
+
+def code_version(root: Path | None = None) -> dict[str, Any]:
+    """{"commit": the HEAD of the checkout `root` (default: the one this tandem was imported
+    from), "dirty": whether its tracked files differ from HEAD outside benchmarks/results/
+    (where the run itself writes)}; both None outside a git checkout or without git."""
+    import tandem
+
+    root = root or Path(tandem.__file__).resolve().parent.parent
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(
+                ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout if done.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    if commit is None:
+        return {"commit": None, "dirty": None}
+    status = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!benchmarks/results")
+    return {"commit": commit.strip(), "dirty": None if status is None else bool(status.strip())}
 
 
 @dataclass(kw_only=True)

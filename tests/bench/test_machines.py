@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -27,6 +29,45 @@ def test_save_json_records_sets_threads_and_load_before_and_after(tmp_path):
     assert saved["environment"]["this_process"]["cpus"]  # single-machine benches get this
     save_json(tmp_path, "y", {})
     assert "machines" not in json.loads((tmp_path / "y.json").read_text())
+
+
+def test_every_result_records_the_code_that_made_it(tmp_path):
+    import subprocess
+
+    import tandem
+    from benchmarks.report import code_version
+
+    save_json(tmp_path, "x", {})
+    code = json.loads((tmp_path / "x.json").read_text())["environment"]["code"]
+    root = Path(tandem.__file__).resolve().parent.parent
+    head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True)
+    if head.returncode != 0:
+        pytest.skip("this tandem is not a git checkout")
+    assert code["commit"] == head.stdout.decode().strip()
+    assert isinstance(code["dirty"], bool)
+    assert code_version(tmp_path) == {"commit": None, "dirty": None}  # no checkout there
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="no git on this machine")
+def test_a_change_outside_the_results_makes_the_code_dirty(tmp_path):
+    import subprocess
+
+    from benchmarks.report import code_version
+
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "benchmarks" / "results").mkdir(parents=True)
+    (tmp_path / "a.py").write_text("x = 1\n")
+    (tmp_path / "benchmarks" / "results" / "r.json").write_text("{}\n")
+    git("add", "-A")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "one")
+    assert code_version(tmp_path)["dirty"] is False
+    (tmp_path / "benchmarks" / "results" / "r.json").write_text("{1}\n")  # a run's own output
+    assert code_version(tmp_path)["dirty"] is False
+    (tmp_path / "a.py").write_text("x = 2\n")
+    assert code_version(tmp_path)["dirty"] is True
 
 
 @pytest.mark.parametrize(
