@@ -1,4 +1,5 @@
-"""`tandem bench dragon ...`: DRAGON's network figures (Fig. 6 + Theorem 6.2, Fig. 7)."""
+"""`tandem bench dragon ...`: DRAGON's network figures (Fig. 6 + Theorem 6.2, Fig. 7), and a
+table over many latency runs."""
 
 from __future__ import annotations
 
@@ -88,6 +89,22 @@ def ttft(
         questions=questions or None, public=public, private=private,
         cpus=role_cpus(device_cpus, cloud_cpus), delayed=_delayed(delayed),
     )  # fmt: skip
+
+
+@app.command("runs")
+def runs(
+    files: list[Path] = typer.Argument(..., help="`tandem bench dragon latency` result files."),
+    method: str = typer.Option(
+        "dragon-side-static-mirror", "--method", help="The method compared with CRCG/Device."
+    ),
+    name: str = typer.Option("dragon_runs", "--name", help="Result file name (no suffix)."),
+    out: Path = OUT,
+) -> None:
+    """One table over many latency runs: each run's per-token ratio to CRCG/Device at every
+    delay, and per network setup and delay the spread (min, median, max, targets met)."""
+    from benchmarks.dragon_runs import run
+
+    run(files, method=method, out=out, name=name)
 
 
 def _delayed(delayed: str) -> str:

@@ -1,0 +1,101 @@
+"""`tandem bench dragon runs`: ratios and their spread, derived from latency result files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from benchmarks.cli.dragon import app
+from benchmarks.dragon_runs import describe, ratios, summarize
+
+MIRROR = "dragon-side-static-mirror"
+
+
+def latency_result(delayed, per_token_ms, loads=None):
+    """A latency result file's shape: `per_token_ms` maps (method, delay) -> ms."""
+    table = [
+        {"method": m, "delay_ms": d, "per_token_s": ms / 1e3, "ttft_s": 0.5}
+        for (m, d), ms in per_token_ms.items()
+    ]
+    runs = [
+        {"delay_ms": d, "method": m, "load_1min": load} for (m, d), load in (loads or {}).items()
+    ]
+    setup = {"questions": ["q"] * 16, "max_new_tokens": 64, "delayed": delayed}
+    if delayed is None:  # files made before the switch
+        del setup["delayed"]
+    return {"environment": {"time": "t"}, "setup": setup, "table": table, "runs": runs}
+
+
+def test_ratio_per_delay_where_both_methods_ran():
+    payload = latency_result(
+        "down",
+        {("crcg-device", 0.0): 34.0, (MIRROR, 0.0): 37.4, ("dragon", 0.0): 90.0,
+         ("crcg-device", 300.0): 35.0, ("dragon", 300.0): 99.0},
+        loads={("crcg-device", 0.0): 1.0, (MIRROR, 0.0): 2.0},
+    )  # fmt: skip
+    rows = ratios(payload)
+    assert len(rows) == 1  # +300 has no mirrored run
+    assert rows[0]["ratio"] == pytest.approx(1.1)
+    assert (rows[0]["crcg_device_ms"], rows[0]["method_ms"]) == pytest.approx((34.0, 37.4))
+    assert rows[0]["load_1min"] == pytest.approx(1.5)
+    assert ratios(payload, "dragon")[1]["ratio"] == pytest.approx(99.0 / 35.0)
+
+
+def test_spread_per_setting_and_delay_and_the_targets():
+    both = latency_result(
+        None,
+        {
+            ("crcg-device", 0.0): 10.0,
+            (MIRROR, 0.0): 10.8,
+            ("crcg-device", 300.0): 10.0,
+            (MIRROR, 300.0): 13.0,
+        },
+    )
+    down = latency_result(
+        "down",
+        {
+            ("crcg-device", 0.0): 10.0,
+            (MIRROR, 0.0): 11.4,
+            ("crcg-device", 300.0): 10.0,
+            (MIRROR, 300.0): 11.9,
+        },
+    )
+    down2 = latency_result("down", {("crcg-device", 0.0): 10.0, (MIRROR, 0.0): 11.0,
+                                    ("crcg-device", 300.0): 10.0, (MIRROR, 300.0): 12.2})  # fmt: skip
+    runs = [describe(Path(p), payload) for p, payload in
+            (("a.json", both), ("b.json", down), ("c.json", down2))]  # fmt: skip
+    assert runs[0]["delayed"] == "both"  # the only setting before the switch
+    summary = {(g["delayed"], g["delay_ms"]): g for g in summarize(runs)}
+    assert set(summary) == {("-", 0.0), ("both", 300.0), ("down", 300.0)}
+    zero = summary[("-", 0.0)]  # no delay: every run counts, whatever its setting
+    assert zero["runs"] == 3 and zero["median"] == pytest.approx(1.10)
+    assert (zero["min"], zero["max"]) == pytest.approx((1.08, 1.14))
+    assert zero["met"] == 2  # 1.08 and 1.10 are <= 1.10x
+    down300 = summary[("down", 300.0)]
+    assert down300["runs"] == 2 and down300["met"] == 1
+    assert down300["median"] == pytest.approx(1.205)
+    assert summary[("both", 300.0)]["met"] == 0
+
+
+def test_cli_writes_the_table_and_refuses_files_it_cannot_use(tmp_path):
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(latency_result("down", {("crcg-device", 0.0): 10.0,
+                                                      (MIRROR, 0.0): 11.0})))  # fmt: skip
+    runner = CliRunner()
+    result = runner.invoke(app, ["runs", str(good), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 0, result.output
+    saved = json.loads((tmp_path / "o" / "dragon_runs.json").read_text())
+    assert saved["summary"][0]["median"] == pytest.approx(1.1)
+    assert saved["derived_from"] == [str(good)]
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(latency_result("down", {("crcg-device", 0.0): 10.0})))
+    broken = tmp_path / "broken.json"
+    broken.write_text("{")
+    for path, words in ((other, "no dragon-side-static-mirror beside crcg-device"),
+                        (broken, "cannot read"), (tmp_path / "absent.json", "cannot read")):  # fmt: skip
+        failed = runner.invoke(app, ["runs", str(path), "--out", str(tmp_path / "o2")])
+        assert failed.exit_code != 0
+        assert words in str(failed.exception) + failed.output
