@@ -103,10 +103,16 @@ def _setting(run: dict[str, Any], row: dict[str, Any]) -> str:
     return run["delayed"] if row["delay_ms"] > 0 else "-"
 
 
+def _label(group: dict[str, Any]) -> str:
+    if group["delayed"] == "-":
+        return f"+{group['delay_ms']:g} (no delay)"
+    return f"{group['delayed']} +{group['delay_ms']:g}"
+
+
 def plot(runs: list[dict[str, Any]], summary: list[dict[str, Any]], method: str, out, name):
     fig, axes = new_figure(size=(7.0, 4.0))
     ax = axes[0][0]
-    labels = [f"{s['delayed']} +{s['delay_ms']:g}" for s in summary]
+    labels = [_label(s) for s in summary]
     for i, group in enumerate(summary):
         values = [
             row["ratio"]
@@ -159,7 +165,7 @@ def run(files: list[Path], *, method: str = METHOD, out: Path, name: str) -> dic
     for group in summary:
         met = "" if group["target"] is None else f", <= {group['target']:.2f}x in {group['met']}"
         console.print(
-            f"{group['delayed']} +{group['delay_ms']:g} ms: {group['runs']} runs, "
+            f"{_label(group)} ms: {group['runs']} runs, "
             f"{group['min']:.3f}-{group['max']:.3f}x, median {group['median']:.3f}x{met}"
         )
     return payload
