@@ -28,6 +28,7 @@ from tandem.codecs.base import (
     as_numpy_probs,
     ceil_log2,
     check_vocab_size,
+    checked_mass,
     normalized_fp16,
     to_fp16,
 )
@@ -36,36 +37,44 @@ from tandem.codecs.dense import fp16_tv_bound
 CANDIDATE_THRESHOLDS = (1e-3, 1e-5)  # tried in turn before sorting the whole vocabulary
 
 
-def sorted_head(probs: np.ndarray, *, count: int = 0, mass: float = 0.0) -> np.ndarray:
-    """Ids of normalized `probs` ([vocab]) in decreasing probability (ties: lower id first),
-    at least `count` of them or enough to reach `mass`, else all of them.
+def sorted_head(
+    probs: np.ndarray, *, count: int = 0, mass: float = 0.0, total: float = 1.0
+) -> np.ndarray:
+    """Ids of the law `probs` / `total` ([vocab]; `total` 1 for normalized `probs`) in
+    decreasing probability (ties: lower id first), at least `count` of them or enough to
+    reach `mass`, else all of them.
 
-    Only entries above a threshold are sorted when they suffice; the result is the same prefix
-    a full stable sort gives, just cheaper.
+    Only entries above a threshold are sorted (and divided by `total`) when they suffice; the
+    result is the same prefix a full stable sort of the normalized law gives, just cheaper.
     """
     for threshold in CANDIDATE_THRESHOLDS:
-        candidates = np.flatnonzero(probs >= threshold)
-        ids = candidates[np.argsort(-probs[candidates], kind="stable")]
-        if ids.shape[0] >= count and ids.shape[0] > 0 and probs[ids].cumsum()[-1] >= mass:
-            return ids
-    return np.argsort(-probs, kind="stable")
+        # a superset of the entries whose normalized value reaches the threshold (the margin
+        # covers the rounding of the division), then the exact test on those few
+        near = np.flatnonzero(probs >= threshold * total * (1 - 1e-9))
+        normalized = probs[near] / total
+        reached = normalized >= threshold
+        candidates, normalized = near[reached], normalized[reached]
+        order = np.argsort(-normalized, kind="stable")
+        if order.shape[0] >= max(count, 1) and normalized[order].cumsum()[-1] >= mass:
+            return candidates[order]
+    return np.argsort(-(probs / total), kind="stable")
 
 
-def top_sorted(probs: np.ndarray, count: int) -> np.ndarray:
+def top_sorted(probs: np.ndarray, count: int, *, total: float = 1.0) -> np.ndarray:
     """Ids of the `count` largest entries of `probs` ([vocab]), in decreasing probability."""
-    return sorted_head(probs, count=count)[:count]
+    return sorted_head(probs, count=count, total=total)[:count]
 
 
-def top_k_ids(probs: np.ndarray, k: int) -> np.ndarray:
-    """The min(k, nnz) most probable ids of normalized `probs` ([vocab])."""
-    ids = top_sorted(probs, k)
+def top_k_ids(probs: np.ndarray, k: int, *, total: float = 1.0) -> np.ndarray:
+    """The min(k, nnz) most probable ids of the law `probs` / `total` ([vocab])."""
+    ids = top_sorted(probs, k, total=total)
     return ids[probs[ids] > 0]
 
 
-def top_p_ids(probs: np.ndarray, top_p: float) -> np.ndarray:
-    """The fewest most probable ids of normalized `probs` ([vocab]) with mass >= top_p."""
-    ids = sorted_head(probs, mass=top_p)
-    mass = np.cumsum(probs[ids])
+def top_p_ids(probs: np.ndarray, top_p: float, *, total: float = 1.0) -> np.ndarray:
+    """The fewest most probable ids of the law `probs` / `total` ([vocab]) with mass >= top_p."""
+    ids = sorted_head(probs, mass=top_p, total=total)
+    mass = np.cumsum(probs[ids] / total)
     num_kept = int(np.searchsorted(mass, top_p)) + 1  # the first prefix reaching top_p
     ids = ids[: min(num_kept, ids.shape[0])]
     return ids[probs[ids] > 0]
@@ -81,11 +90,16 @@ def sparse_bits(vocab_size: int, num_kept: int) -> int:
 
 def encode_sparse(probs: np.ndarray, ids: np.ndarray) -> bytes:
     """Payload for the kept `ids` ([K], K >= 1) of `probs` ([vocab])."""
-    width = index_width(probs.shape[0])
+    return encode_kept(probs.shape[0], ids, probs[ids])
+
+
+def encode_kept(vocab_size: int, ids: np.ndarray, kept: np.ndarray) -> bytes:
+    """Payload for the kept `ids` ([K], K >= 1) and their probabilities `kept` ([K])."""
+    width = index_width(vocab_size)
     fields = np.concatenate([[ids.shape[0] - 1], ids]).astype(np.int64)  # [K + 1]
     shifts = np.arange(width - 1, -1, -1, dtype=np.int64)  # [w], most significant first
     bits = ((fields[:, None] >> shifts) & 1).astype(np.uint8)  # [K + 1, w]
-    return np.packbits(bits.reshape(-1)).tobytes() + to_fp16(probs[ids]).astype("<f2").tobytes()
+    return np.packbits(bits.reshape(-1)).tobytes() + to_fp16(kept).astype("<f2").tobytes()
 
 
 def decode_sparse(data: bytes, vocab_size: int) -> torch.Tensor:
@@ -114,7 +128,7 @@ def decode_sparse_support(data: bytes, vocab_size: int) -> tuple[torch.Tensor, n
         raise CodecError("sparse payload padding bits are not zero")
     id_bits = bits[width : width * (num_kept + 1)].reshape(num_kept, width).astype(np.int64)
     ids = id_bits @ (1 << np.arange(width - 1, -1, -1, dtype=np.int64))  # [K]
-    if (ids >= vocab_size).any() or np.unique(ids).shape[0] != num_kept:
+    if (ids >= vocab_size).any() or len(set(ids.tolist())) != num_kept:
         raise CodecError("sparse payload has out-of-range or repeated token ids")
     sent = np.zeros(vocab_size, dtype=np.float32)
     sent[ids] = normalized_fp16(np.frombuffer(raw[id_bytes:].tobytes(), dtype="<f2"))
@@ -124,7 +138,8 @@ def decode_sparse_support(data: bytes, vocab_size: int) -> tuple[torch.Tensor, n
 class SparseCodec(CodecBase):
     """Shared encode/decode; subclasses choose the kept ids."""
 
-    def kept_ids(self, probs: np.ndarray) -> np.ndarray:
+    def kept_ids(self, probs: np.ndarray, *, total: float = 1.0) -> np.ndarray:
+        """The ids kept of the law `probs` / `total` ([vocab])."""
         raise NotImplementedError
 
     def encode(self, probs: torch.Tensor) -> bytes:
@@ -136,10 +151,13 @@ class SparseCodec(CodecBase):
 
     def encode_sent(self, probs: torch.Tensor) -> Sent:
         """One validation and one sort for all three (DRAGON drafts every token with this);
-        the support is the kept ids."""
-        values = as_numpy_probs(probs)
-        ids = self.kept_ids(values)
-        return Sent(encode_sparse(values, ids), torch.from_numpy(self._sent_at(values, ids)), ids)
+        the support is the kept ids. Only the kept entries are normalized (the same numbers
+        as `as_numpy_probs` gives them)."""
+        values, total = checked_mass(probs)
+        ids = self.kept_ids(values, total=total)
+        kept = values[ids] / total
+        sent = self._sent_at(values.shape[0], ids, kept)
+        return Sent(encode_kept(values.shape[0], ids, kept), torch.from_numpy(sent), ids)
 
     def decode_sent(self, data: bytes, vocab_size: int) -> tuple[torch.Tensor, np.ndarray]:
         return decode_sparse_support(data, vocab_size)
@@ -149,12 +167,14 @@ class SparseCodec(CodecBase):
         return sparse_bits(values.shape[0], self.kept_ids(values).shape[0])
 
     def _sent_row(self, probs: np.ndarray) -> np.ndarray:
-        return self._sent_at(probs, self.kept_ids(probs))
+        ids = self.kept_ids(probs)
+        return self._sent_at(probs.shape[0], ids, probs[ids])
 
     @staticmethod
-    def _sent_at(probs: np.ndarray, ids: np.ndarray) -> np.ndarray:
-        sent = np.zeros(probs.shape[0], dtype=np.float32)
-        sent[ids] = normalized_fp16(to_fp16(probs[ids]))
+    def _sent_at(vocab_size: int, ids: np.ndarray, kept: np.ndarray) -> np.ndarray:
+        """[vocab] float32 sent probs: the kept probabilities `kept` at `ids`, as decoded."""
+        sent = np.zeros(vocab_size, dtype=np.float32)
+        sent[ids] = normalized_fp16(to_fp16(kept))
         return sent
 
     def tv_bound(self, probs: torch.Tensor) -> float:
@@ -172,8 +192,8 @@ class TopKCodec(SparseCodec):
             raise CodecError(f"top-k needs k >= 1, got {k}")
         self.k = k
 
-    def kept_ids(self, probs: np.ndarray) -> np.ndarray:
-        return top_k_ids(probs, self.k)
+    def kept_ids(self, probs: np.ndarray, *, total: float = 1.0) -> np.ndarray:
+        return top_k_ids(probs, self.k, total=total)
 
 
 class TopPCodec(SparseCodec):
@@ -184,5 +204,5 @@ class TopPCodec(SparseCodec):
             raise CodecError(f"top-p needs 0 < p <= 1, got {p}")
         self.p = p
 
-    def kept_ids(self, probs: np.ndarray) -> np.ndarray:
-        return top_p_ids(probs, self.p)
+    def kept_ids(self, probs: np.ndarray, *, total: float = 1.0) -> np.ndarray:
+        return top_p_ids(probs, self.p, total=total)

@@ -21,8 +21,10 @@ from the law the aggregator holds for its side (`docs/exactness.md`).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from tandem.sampling.warp import normalize, sample_rows
@@ -94,9 +96,23 @@ def greedy_aggregate(
     of a 152K vocabulary then cost a few dozen multiplications instead of three passes."""
     if support is None:
         return int(mixture(local_probs, remote_probs, local_logweight, remote_logweight).argmax())
-    ids = torch.unique(support)  # ascending: ties go to the lowest id, as in the dense argmax
-    target = mixture(local_probs[ids], remote_probs[ids], local_logweight, remote_logweight)
-    return int(ids[target.argmax()])
+    if local_probs.dtype != torch.float32 or remote_probs.dtype != torch.float32:
+        ids = torch.unique(support)  # ascending: ties go to the lowest id, as in the dense argmax
+        target = mixture(local_probs[ids], remote_probs[ids], local_logweight, remote_logweight)
+        return int(ids[target.argmax()])
+    # the same float32 products and sum per id as `mixture`, in numpy: a few dozen numbers
+    eta_l, eta_r = _float32_weights(float(local_logweight), float(remote_logweight))
+    ids = np.unique(support.numpy())  # ascending: ties go to the lowest id (np.argmax: first)
+    target = eta_l * local_probs.numpy()[ids] + eta_r * remote_probs.numpy()[ids]
+    return int(ids[int(np.argmax(target))])
+
+
+@functools.lru_cache(maxsize=256)
+def _float32_weights(local_logweight: float, remote_logweight: float) -> tuple[np.float32, ...]:
+    """`side_weights` as `mixture` applies them to float32 laws (a side's logweight rarely
+    changes within an answer, so this is computed once per pair)."""
+    eta_l, eta_r = side_weights(local_logweight, remote_logweight)
+    return np.float32(eta_l.to(torch.float32).item()), np.float32(eta_r.to(torch.float32).item())
 
 
 def resample_transition(

@@ -14,6 +14,7 @@ All functions are pure, work on any number of leading dimensions and keep the in
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from tandem.errors import TandemError
@@ -109,8 +110,11 @@ def support_argmax(probs: torch.Tensor, support: torch.Tensor | None = None) -> 
     id, without a pass over the vocabulary."""
     if support is None:
         return int(probs.argmax())
-    ids = torch.unique(support)  # ascending, so a tie goes to the lowest id as above
-    return int(ids[probs[ids].argmax()])
+    if probs.device.type != "cpu" or probs.dtype not in (torch.float32, torch.float64):
+        ids = torch.unique(support)  # ascending, so a tie goes to the lowest id as above
+        return int(ids[probs[ids].argmax()])
+    ids = np.unique(support.numpy())  # ascending; np.argmax takes the first of a tie, too
+    return int(ids[int(np.argmax(probs.numpy()[ids]))])
 
 
 def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

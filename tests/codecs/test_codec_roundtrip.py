@@ -145,6 +145,33 @@ def test_top_p_keeps_the_smallest_set_reaching_p():
     assert kept_ids.numel() > 1000
 
 
+def test_sparse_selection_divides_only_what_it_keeps_and_keeps_the_same():
+    """The drafter's path (`encode_sent`) passes the values and their total and divides only
+    the entries it keeps: the same ids as on the normalized law, also for entries whose
+    normalized value sits within an ulp or two of a candidate threshold."""
+    from tandem.codecs.sparse import CANDIDATE_THRESHOLDS, sorted_head, top_k_ids, top_p_ids
+
+    rng = np.random.default_rng(0)
+    for trial in range(300):
+        rest = rng.random(3000) * 10.0 ** rng.uniform(-9, -5)
+        threshold = CANDIDATE_THRESHOLDS[trial % len(CANDIDATE_THRESHOLDS)]
+        count = int(rng.integers(1, 6))
+        edge = threshold * rest.sum() / (1 - count * threshold)  # normalized: about threshold
+        near = [np.nextafter(edge, edge * (1 + step)) if step else edge for step in (-1, 0, 1)]
+        special = rng.choice(near, size=count)
+        big = rng.random(int(rng.integers(0, 4))) * 0.01
+        values = rng.permutation(np.concatenate([rest, special, big]))
+        total = values.sum()
+        normalized = values / total
+        for p in (0.3, 0.8, 0.999):
+            assert np.array_equal(top_p_ids(values, p, total=total), top_p_ids(normalized, p))
+        for k in (1, 3, 50):
+            assert np.array_equal(top_k_ids(values, k, total=total), top_k_ids(normalized, k))
+        assert np.array_equal(
+            sorted_head(values, count=count, total=total), sorted_head(normalized, count=count)
+        )
+
+
 def test_sparse_ids_near_the_top_of_qwen_vocab_survive():
     probs = torch.zeros(QWEN_VOCAB)
     top_ids = [QWEN_VOCAB - 1, QWEN_VOCAB - 2, 65_535, 65_536, 62_000, 0]

@@ -18,6 +18,7 @@ passes a cancel event through to the model (preemption between layers).
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -136,14 +137,13 @@ def side_law(
 ) -> SideLaw:
     """The side's locally aggregated law from its per-document next-token logits."""
     assert logits.dim() == 2 and scores.shape == (logits.shape[0],), (logits.shape, scores.shape)
-    scale = temperature if temperature > 0 else 1.0
-    scaled = logits.float() if scale == 1.0 else logits.float() / scale  # x / 1 is x: no pass
-    doc_probs = torch.softmax(scaled, dim=-1)  # [docs, vocab]
+    doc_probs = _row_probs(logits, temperature)  # [docs, vocab]
+    if len(scores) == 1:  # one row: its weight softmax([r]) is exactly 1, the mixture is the row
+        logweight, doc_weights = _relevance_terms(_score_key(scores))
+        return SideLaw(probs=doc_probs[0], logweight=logweight, doc_weights=doc_weights.copy())
     relevance = torch.from_numpy(np.asarray(scores, dtype=np.float32))  # [docs]
-    # one row: its weight softmax([r]) is exactly 1, so the mixture is the row itself
-    probs = doc_probs[0] if len(scores) == 1 else document_mixture(doc_probs, relevance)
     return SideLaw(
-        probs=probs,
+        probs=document_mixture(doc_probs, relevance),
         logweight=float(side_logweight(relevance.double())),
         doc_weights=torch.softmax(relevance.double(), dim=0).numpy(),
     )
@@ -158,13 +158,41 @@ def joined_side_law(
     law, and the side logweight h = logsumexp(R) as with one row per document, so the
     aggregation across sides weighs the sides exactly as the per-document form does."""
     assert logits.dim() == 2 and logits.shape[0] == 1, logits.shape
-    relevance = torch.from_numpy(np.asarray(scores, dtype=np.float32))  # [docs]
-    one = side_law(logits, np.array([float(side_logweight(relevance.double()))]), temperature)
+    logweight, doc_weights = _joined_terms(_score_key(scores))
     return SideLaw(
-        probs=one.probs,
-        logweight=one.logweight,
-        doc_weights=torch.softmax(relevance.double(), dim=0).numpy(),
+        probs=_row_probs(logits, temperature)[0],
+        logweight=logweight,
+        doc_weights=doc_weights.copy(),
     )
+
+
+def _row_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """softmax(logits / T) per row ([rows, vocab]); T = 0 (greedy) uses T = 1."""
+    scale = temperature if temperature > 0 else 1.0
+    scaled = logits.float() if scale == 1.0 else logits.float() / scale  # x / 1 is x: no pass
+    return torch.softmax(scaled, dim=-1)
+
+
+def _score_key(scores: np.ndarray) -> bytes:
+    return np.ascontiguousarray(scores, dtype=np.float32).tobytes()
+
+
+# A side's relevance logits change rarely within an answer (never with the static scorer), so
+# what the laws derive from them alone is computed once per distinct vector: the same numbers.
+@functools.lru_cache(maxsize=256)
+def _relevance_terms(key: bytes) -> tuple[float, np.ndarray]:
+    """(h = logsumexp(R), softmax(R)) of the float32 relevance logits `key`."""
+    relevance = torch.from_numpy(np.frombuffer(key, dtype=np.float32).copy()).double()
+    return float(side_logweight(relevance)), torch.softmax(relevance, dim=0).numpy()
+
+
+@functools.lru_cache(maxsize=256)
+def _joined_terms(key: bytes) -> tuple[float, np.ndarray]:
+    """`joined_side_law`'s (h, softmax(R)): h passes through a one-row law's float32 score,
+    as the one row's own relevance logit."""
+    logweight, doc_weights = _relevance_terms(key)
+    one, _ = _relevance_terms(_score_key(np.array([logweight])))
+    return one, doc_weights
 
 
 class DocDecoder:
