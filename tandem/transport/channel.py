@@ -380,6 +380,19 @@ class FramedChannel:
             self._fail(ChannelClosed(f"connection lost: {exc}"))
             raise _copy(self._error) from None
 
+    def send_nowait(self, msg: Message) -> int:
+        """`send` without waiting for the write buffer to drain (the caller bounds what it
+        writes between two `send`s, which drain); returns the bytes written."""
+        if self._error is not None:
+            raise _copy(self._error)
+        sent = self.bytes_sent
+        try:
+            self._write(msg)
+        except OSError as exc:
+            self._fail(ChannelClosed(f"connection lost: {exc}"))
+            raise _copy(self._error) from None
+        return self.bytes_sent - sent
+
     def _send_ping(self, waiter: asyncio.Future | None) -> None:
         self._ping_seq += 1
         sent_ns = time.monotonic_ns()
