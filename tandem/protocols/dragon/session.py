@@ -304,8 +304,9 @@ class DragonSide(SideIO):
                 self.timeline.mark("own", draft.position)
                 self.draft_bytes = 0.8 * self.draft_bytes + 0.2 * (len(draft.payload) + 60)
                 began = time.perf_counter()
-                self._send(wire.draft_message(0, draft, self.codec.name))
-                self.timeline.since("wire", began)
+                msg = wire.draft_message(0, draft, self.codec.name)
+                self.timeline.since("wire", began)  # the write itself is the "send" phase
+                self._send(msg)
             elif isinstance(action, SendTarget):
                 self._send(wire.target_message(0, action.position, action.token, action.accepted))
             elif isinstance(action, SendSwitch):
