@@ -96,7 +96,8 @@ def greedy_aggregate(
     of a 152K vocabulary then cost a few dozen multiplications instead of three passes."""
     if support is None:
         return int(mixture(local_probs, remote_probs, local_logweight, remote_logweight).argmax())
-    if local_probs.dtype != torch.float32 or remote_probs.dtype != torch.float32:
+    on_cpu = local_probs.device.type == "cpu" and remote_probs.device.type == "cpu"
+    if not on_cpu or local_probs.dtype != torch.float32 or remote_probs.dtype != torch.float32:
         ids = torch.unique(support)  # ascending: ties go to the lowest id, as in the dense argmax
         target = mixture(local_probs[ids], remote_probs[ids], local_logweight, remote_logweight)
         return int(ids[target.argmax()])

@@ -43,10 +43,8 @@ class SideIO:
         if hasattr(msg, "seq"):
             msg = dataclasses.replace(msg, seq=self._seq)
         send_nowait = getattr(self.channel, "send_nowait", None)
-        if send_nowait is None or self._sending or not self.outbox.empty():
-            self.outbox.put_nowait((time.perf_counter(), msg))
-            return
-        if self._undrained >= UNDRAINED_BYTES:
+        waits = self._sending or not self.outbox.empty()  # then behind what waits: in order
+        if send_nowait is None or waits or self._undrained >= UNDRAINED_BYTES:
             self.outbox.put_nowait((time.perf_counter(), msg))
             return
         began = time.perf_counter()
