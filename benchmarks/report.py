@@ -3,9 +3,10 @@ PNG plot side by side under `benchmarks/results/`.
 
 Every JSON carries `environment` (this box, this process's cpu set, torch threads and load
 average when saved, and `code`: the git commit of the tandem that ran, and whether its tracked
-files differed from it outside `benchmarks/results/`); a benchmark that runs a device and a cloud also passes `Machines`, which
-adds `machines`: each side's cpu set and engine threads, how the sides were kept apart, what
-each side saw of itself, and the load average before and after the run.
+files differed from it outside `benchmarks/results/`); a benchmark that runs a device and a
+cloud also passes `Machines`, which adds `machines`: each side's cpu set and engine threads,
+how the sides were kept apart, what each side saw of itself, and the load average before and
+after the run.
 """
 
 from __future__ import annotations

@@ -138,15 +138,12 @@ def side_law(
     """The side's locally aggregated law from its per-document next-token logits."""
     assert logits.dim() == 2 and scores.shape == (logits.shape[0],), (logits.shape, scores.shape)
     doc_probs = _row_probs(logits, temperature)  # [docs, vocab]
+    logweight, doc_weights = _relevance_terms(_score_key(scores))
     if len(scores) == 1:  # one row: its weight softmax([r]) is exactly 1, the mixture is the row
-        logweight, doc_weights = _relevance_terms(_score_key(scores))
-        return SideLaw(probs=doc_probs[0], logweight=logweight, doc_weights=doc_weights.copy())
-    relevance = torch.from_numpy(np.asarray(scores, dtype=np.float32))  # [docs]
-    return SideLaw(
-        probs=document_mixture(doc_probs, relevance),
-        logweight=float(side_logweight(relevance.double())),
-        doc_weights=torch.softmax(relevance.double(), dim=0).numpy(),
-    )
+        probs = doc_probs[0]
+    else:
+        probs = document_mixture(doc_probs, torch.from_numpy(np.asarray(scores, dtype=np.float32)))
+    return SideLaw(probs=probs, logweight=logweight, doc_weights=doc_weights.copy())
 
 
 def joined_side_law(
