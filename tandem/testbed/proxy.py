@@ -56,6 +56,7 @@ import signal
 import socket
 import sys
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -212,94 +213,218 @@ class _Link:
         return defer_past_outages(release_time(previous_release, ready, delay_s), self.windows)
 
 
-class _Pipe:
-    """One direction of one connection: read, schedule, hold, write in order."""
+class _Flow:
+    """One direction of one connection: bytes read from one end are scheduled by the link,
+    held, and written to the other end at their release time, in order.
 
-    def __init__(
-        self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        link: _Link,
-        config: ProxyConfig,
-    ) -> None:
-        self.reader, self.writer, self.link, self.config = reader, writer, link, config
-        self.held: deque[tuple[float, bytes]] = (
-            deque()
-        )  # (release time, segment), release non-decreasing
+    Callbacks only (no task per direction): a read hands its bytes to `feed`, which writes
+    at once what is already due (everything, when the link has nothing to emulate) and arms
+    one timer for the rest. Back-pressure: while the sink's buffer is full (`pause_writing`)
+    nothing is written and bytes stay held; past `max_buffer_bytes` held, the source stops
+    reading (the rest waits in the kernel and the sender blocks, like a full link buffer)."""
+
+    def __init__(self, link: _Link, config: ProxyConfig, loop: asyncio.AbstractEventLoop):
+        self.link, self.config, self.loop = link, config, loop
+        self.source: asyncio.Transport | None = None  # read from
+        self.sink: asyncio.Transport | None = None  # written to; None until connected
+        self.held: deque[tuple[float, bytes]] = deque()  # (release, segment), non-decreasing
         self.held_bytes = 0
         self.last_release = 0.0
-        self.eof = False
-        self.more = asyncio.Event()  # something was held, or eof
-        self.room = asyncio.Event()  # held bytes went down
+        self.eof = False  # the source has no more bytes
+        self.blocked = False  # the sink's write buffer is full
+        self.reading_paused = False
+        self.finished = False  # eof delivered (or the sink is gone)
+        self.timer: asyncio.TimerHandle | None = None
+        self.on_finished: Callable[[], None] = lambda: None
 
-    async def run(self) -> None:
-        feeder = asyncio.create_task(self._feed())
-        try:
-            await self._deliver()
-            await feeder
-        finally:
-            feeder.cancel()
-
-    async def _feed(self) -> None:
-        loop = asyncio.get_running_loop()
+    def feed(self, data: bytes) -> None:
+        if self.finished:  # the sink is gone: nothing read now can arrive
+            return
+        now = self.loop.time()
         step = self.config.segment_bytes
-        while True:
-            while self.held_bytes >= self.config.max_buffer_bytes:
-                self.room.clear()
-                await self.room.wait()
-            try:
-                data = await self.reader.read(READ_BYTES)
-            except (ConnectionError, OSError):
-                data = b""
-            if not data:
-                self.eof = True
-                self.more.set()
-                return
-            now = loop.time()
-            for offset in range(0, len(data), step):
-                segment = data[offset : offset + step]
-                self.last_release = self.link.schedule(now, len(segment), self.last_release)
-                self.held.append((self.last_release, segment))
-                self.held_bytes += len(segment)
-            self.more.set()
+        for offset in range(0, len(data), step):
+            segment = data[offset : offset + step] if len(data) > step else data
+            self.last_release = self.link.schedule(now, len(segment), self.last_release)
+            self.held.append((self.last_release, segment))
+            self.held_bytes += len(segment)
+        if self.held_bytes >= self.config.max_buffer_bytes and not self.reading_paused:
+            self.reading_paused = True
+            self.source.pause_reading()
+        self.flush()
 
-    async def _deliver(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            if not self.held:
-                if self.eof:
-                    if self.writer.can_write_eof():
-                        with contextlib.suppress(OSError):
-                            self.writer.write_eof()
-                    return
-                self.more.clear()
-                await self.more.wait()
-                continue
-            wait_s = self.held[0][0] - loop.time()
-            if wait_s > 0:
-                await asyncio.sleep(wait_s)
-                continue
-            now = loop.time()
+    def end_of_input(self) -> None:
+        if not self.eof:
+            self.eof = True
+            self.flush()
+
+    def flush(self) -> None:
+        """Write what is due, arm the timer for what is not; after the last byte, the eof."""
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if self.finished or self.sink is None or self.blocked:
+            return
+        if self.held:
+            now = self.loop.time()
+            if self.held[0][0] > now:
+                self.timer = self.loop.call_at(self.held[0][0], self.flush)
+                return
             batch = []
             while self.held and self.held[0][0] <= now:
                 batch.append(self.held.popleft()[1])
-            data = b"".join(batch)
+            data = batch[0] if len(batch) == 1 else b"".join(batch)
             self.held_bytes -= len(data)
-            self.room.set()
-            self.writer.write(data)
-            await self.writer.drain()
+            self.sink.write(data)  # may call pause_writing (then `blocked`) before returning
+            if self.reading_paused and self.held_bytes < self.config.max_buffer_bytes:
+                self.reading_paused = False
+                self.source.resume_reading()
+            if self.held:
+                if not self.blocked:
+                    self.timer = self.loop.call_at(self.held[0][0], self.flush)
+                return
+        if self.eof:
+            if self.sink.can_write_eof():
+                with contextlib.suppress(OSError, RuntimeError):
+                    self.sink.write_eof()
+            self._finish()
+
+    def lose_sink(self) -> None:
+        """The sink is gone: what is held can never arrive."""
+        self.stop()
+        self._finish()
+
+    def stop(self) -> None:
+        """Nothing more is read or written (the connection is closing)."""
+        self.finished = True
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _finish(self) -> None:
+        self.finished = True
+        self.on_finished()
 
 
-def _set_nodelay(writer: asyncio.StreamWriter) -> None:
-    sock = writer.get_extra_info("socket")
+def _set_nodelay(transport: asyncio.BaseTransport) -> None:
+    sock = transport.get_extra_info("socket")
     if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
-async def _close(writer: asyncio.StreamWriter) -> None:
-    writer.close()
-    with contextlib.suppress(Exception):
-        await writer.wait_closed()
+class _End(asyncio.BufferedProtocol):
+    """One socket of a connection: the source of one flow and the sink of the other."""
+
+    def __init__(self, connection: _Connection, reads: _Flow, writes: _Flow):
+        self.connection, self.reads, self.writes = connection, reads, writes
+        self.buffer = bytearray(READ_BYTES)
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        _set_nodelay(transport)
+        self.reads.source = self.transport
+        self.connection.connected(self)
+
+    def get_buffer(self, sizehint: int) -> bytearray:
+        return self.buffer
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.reads.feed(bytes(self.buffer[:nbytes]))
+
+    def eof_received(self) -> bool:
+        self.reads.end_of_input()
+        return True  # a clean EOF only half-closes: the other direction goes on
+
+    def pause_writing(self) -> None:
+        self.writes.blocked = True
+
+    def resume_writing(self) -> None:
+        self.writes.blocked = False
+        self.writes.flush()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.reads.end_of_input()  # what was read is delivered (a read error ends input)
+        self.writes.lose_sink()
+        self.connection.lost(self)
+
+
+class _Connection:
+    """A client connection and the one the proxy opens upstream for it.
+
+    A clean EOF only half-closes. A lost socket (reset, or the peer gone) ends the
+    connection, but only once the other direction has delivered what it holds: the bytes
+    were already on the wire, as on a real link (a cloud that closes while the device still
+    sends must not take its last, delayed replies with it). `DRAIN_GRACE_S` past the last
+    release time, whatever is left is dropped."""
+
+    def __init__(self, proxy: DelayProxy, loop: asyncio.AbstractEventLoop):
+        self.proxy, self.loop = proxy, loop
+        assert proxy._up is not None and proxy._down is not None
+        self.up = _Flow(proxy._up, proxy.config, loop)
+        self.down = _Flow(proxy._down, proxy.config, loop)
+        self.up.on_finished = self.down.on_finished = self._check_done
+        self.client = _End(self, reads=self.up, writes=self.down)
+        self.upstream: _End | None = None
+        self.grace: asyncio.TimerHandle | None = None
+        self.closed = False
+
+    def connected(self, end: _End) -> None:
+        if end is not self.client:
+            self.upstream = end
+        else:  # the client's bytes wait in the kernel until the upstream connection is up
+            end.transport.pause_reading()
+            self.proxy._connections.add(self)
+            task = self.loop.create_task(self._open_upstream())
+            self.proxy._tasks.add(task)
+            task.add_done_callback(self.proxy._tasks.discard)
+
+    async def _open_upstream(self) -> None:
+        config = self.proxy.config
+        try:
+            await self.loop.create_connection(
+                lambda: _End(self, reads=self.down, writes=self.up),
+                config.upstream_host,
+                config.upstream_port,
+            )
+        except OSError as exc:
+            where = f"{config.upstream_host}:{config.upstream_port}"
+            print(f"proxy: upstream {where}: {exc}", file=sys.stderr)
+            self.close()
+            return
+        if self.closed:  # the client went (or the proxy closed) meanwhile
+            self.upstream.transport.close()
+            return
+        self.up.sink, self.down.source = self.upstream.transport, self.upstream.transport
+        self.down.sink = self.client.transport
+        self.client.transport.resume_reading()
+        self.up.flush()
+
+    def lost(self, end: _End) -> None:
+        """`end`'s socket is gone: the other direction delivers what it holds, then the
+        connection closes (at the latest `DRAIN_GRACE_S` after the last release)."""
+        if self.closed or self.grace is not None:
+            return
+        held_until = max(self.up.last_release, self.down.last_release)
+        grace = max(0.0, held_until - self.loop.time()) + DRAIN_GRACE_S
+        self.grace = self.loop.call_later(grace, self.close)
+        self._check_done()
+
+    def _check_done(self) -> None:
+        if self.up.finished and self.down.finished:
+            self.close()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self.grace is not None:
+            self.grace.cancel()
+        for flow in (self.up, self.down):
+            flow.stop()
+        for end in (self.client, self.upstream):
+            if end is not None and end.transport is not None:
+                end.transport.close()
+        self.proxy._connections.discard(self)
 
 
 class DelayProxy:
@@ -309,8 +434,8 @@ class DelayProxy:
         self.config = config
         self.started = 0.0  # loop time of start(); outages count from here
         self._server: asyncio.Server | None = None
-        self._connections: set[asyncio.Task] = set()
-        self._pipes: set[_Pipe] = set()  # of the open connections, both directions
+        self._connections: set[_Connection] = set()  # open ones
+        self._tasks: set[asyncio.Task] = set()  # connections to the upstream being opened
         self._up: _Link | None = None
         self._down: _Link | None = None
 
@@ -324,7 +449,7 @@ class DelayProxy:
     def held_bytes(self) -> int:
         """Bytes held (read, not yet written on) over all open connections; each direction of
         each connection holds at most `max_buffer_bytes` + one read (64 KiB)."""
-        return sum(pipe.held_bytes for pipe in self._pipes)
+        return sum(c.up.held_bytes + c.down.held_bytes for c in self._connections)
 
     async def start(self) -> DelayProxy:
         self.started = asyncio.get_running_loop().time()
@@ -336,18 +461,23 @@ class DelayProxy:
             self.config, windows, origin=self.started, seed=2 * self.config.seed + 1,
             direction="down",
         )  # fmt: skip
-        self._server = await asyncio.start_server(
-            self._on_client, self.config.listen_host, self.config.listen_port
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: _Connection(self, loop).client,
+            self.config.listen_host,
+            self.config.listen_port,
         )
         return self
 
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
-        for task in list(self._connections):
+        for connection in list(self._connections):
+            connection.close()
+        for task in list(self._tasks):
             task.cancel()
-        if self._connections:
-            await asyncio.gather(*self._connections, return_exceptions=True)
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._server is not None:
             await self._server.wait_closed()
             self._server = None
@@ -357,50 +487,6 @@ class DelayProxy:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
-
-    def _on_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.create_task(self._serve(reader, writer))
-        self._connections.add(task)
-        task.add_done_callback(self._connections.discard)
-
-    async def _serve(
-        self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter
-    ) -> None:
-        _set_nodelay(client_writer)
-        try:
-            upstream_reader, upstream_writer = await asyncio.open_connection(
-                self.config.upstream_host, self.config.upstream_port
-            )
-        except OSError as exc:
-            print(
-                f"proxy: upstream {self.config.upstream_host}:{self.config.upstream_port}: {exc}",
-                file=sys.stderr,
-            )
-            await _close(client_writer)
-            return
-        _set_nodelay(upstream_writer)
-        assert self._up is not None and self._down is not None
-        up = _Pipe(client_reader, upstream_writer, self._up, self.config)
-        down = _Pipe(upstream_reader, client_writer, self._down, self.config)
-        self._pipes |= {up, down}
-        pipes = [asyncio.create_task(up.run()), asyncio.create_task(down.run())]
-        try:
-            # A clean EOF only half-closes. A failed write (that peer is gone) ends the
-            # connection, but only once the other direction has delivered what it holds: the
-            # bytes were already on the wire, as on a real link (a cloud that closes while the
-            # device still sends must not take its last, delayed replies with it).
-            _, pending = await asyncio.wait(pipes, return_when=asyncio.FIRST_EXCEPTION)
-            if pending:
-                held_until = max(up.last_release, down.last_release)
-                grace = max(0.0, held_until - asyncio.get_running_loop().time()) + DRAIN_GRACE_S
-                await asyncio.wait(pending, timeout=grace)
-        finally:
-            for task in pipes:
-                task.cancel()
-            await asyncio.gather(*pipes, return_exceptions=True)
-            self._pipes -= {up, down}
-            await _close(upstream_writer)
-            await _close(client_writer)
 
 
 # ---------------------------------------------------------------- process entry point
