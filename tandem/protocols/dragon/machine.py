@@ -39,10 +39,16 @@ returns no action.
 Mirroring (`mirror=True`). Both sides hold both draft queues with the laws as sent, and
 Algorithm 1 draws from the position seed, so the side that does not aggregate can run the
 same rule on the same two drafts the moment it holds both, instead of waiting for the
-aggregator's verdict a one-way trip later; the verdict then only confirms (a mismatch raises).
-A rejected side thus learns of it as soon as the peer's draft arrives, and a switch of the
-aggregator costs the resolutions nothing. The aggregator still runs the scheduler and sends
-targets and switches; the output is the same (the same rule on the same inputs).
+aggregator's verdict a one-way trip later. A rejected side thus learns of it as soon as the
+peer's draft arrives, and a switch of the aggregator costs the resolutions nothing. The
+aggregator still runs the scheduler and sends switches; the output is the same (the same rule
+on the same inputs). A verdict would only confirm, so none is sent: instead every draft
+carries a *stamp* `(n, crc)`, its side's resolved count and the CRC-32 of those n tokens
+(`prefix_crc`), and each side checks the peer's stamps against its own resolutions as it
+reaches n (a mismatch raises). Both sides thus check each other, at no extra message; the
+positions resolved after a side's last draft are not compared (its drafts run ahead of the
+resolutions, so that is up to a lookahead's worth at the end of a session; the verdicts
+that ended a session were not read either, the mirroring side being done first).
 
 Branch drafts (`branch`; queues.py defines them). A side that does not aggregate learns
 that its draft at t was rejected a one-way trip after the aggregator knew, and only then
@@ -61,6 +67,8 @@ same prefix, so the output is the one without branches (timing only).
 
 from __future__ import annotations
 
+import zlib
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -74,6 +82,12 @@ from tandem.protocols.dragon.scheduler import Decision, Estimates, Scheduler
 # a side branches when the round trip it may save exceeds this many of its own decodes (a
 # branch is used only when its token wins: about half the time, or less)
 BRANCH_RTT_FACTOR = 2.0
+
+
+def prefix_crc(previous: int, token: int) -> int:
+    """CRC-32 of a resolved sequence extended by `token` (each token as 4 little-endian
+    bytes; the empty sequence's is 0)."""
+    return zlib.crc32(token.to_bytes(4, "little"), previous)
 
 
 class Rule(Protocol):
@@ -103,6 +117,7 @@ class SpeculativeAggregation:
 @dataclass(frozen=True)
 class SendDraft:
     draft: Draft
+    stamp: tuple[int, int] | None = None  # (resolved count, its prefix_crc), when mirroring
 
 
 @dataclass(frozen=True)
@@ -194,6 +209,8 @@ class SideMachine:
         self.decode_times: dict[str, list[tuple[int, float]]] = {side: [] for side in SIDES}
         self.branch, self.mirror = branch, mirror
         self.mirrored = 0  # positions this side resolved without the aggregator's verdict
+        self.crcs = [0]  # prefix_crc of committed[:n] at index n
+        self.stamps: deque[tuple[int, int]] = deque()  # the peer's, ahead of committed
         self.branches: dict[str, dict[tuple[int, int], Draft]] = {side: {} for side in SIDES}
         # side -> (epoch, position, token) of the rejection that started its current epoch
         self.last_rejection: dict[str, tuple[int, int, int] | None] = dict.fromkeys(SIDES)
@@ -210,7 +227,7 @@ class SideMachine:
         self.queues[self.role].push(draft)
         self.drafts_made += 1
         self._observe(draft)
-        return [SendDraft(draft), *self._aggregate(), *self._maybe_branch(draft.position)]
+        return [self._send(draft), *self._aggregate(), *self._maybe_branch(draft.position)]
 
     def own_branch(self, draft: Draft) -> list[Action]:
         """A branch draft from this side's decoder: kept aside and sent, unless the epoch it
@@ -222,11 +239,17 @@ class SideMachine:
         self.branches[self.role][draft.branch_of] = draft
         self.branches_made += 1
         self._observe(draft)
-        return [SendDraft(draft)]
+        return [self._send(draft)]
 
-    def peer_draft(self, draft: Draft) -> list[Action]:
+    def peer_draft(self, draft: Draft, stamp: tuple[int, int] | None = None) -> list[Action]:
+        """`stamp`: the one the peer sent with it (mirroring), checked here."""
         if self.finished:
             return []
+        if stamp is not None:
+            if stamp[0] > self.max_new_tokens:
+                raise ValueError(f"the peer stamps {stamp[0]} resolved tokens")
+            self.stamps.append(stamp)
+            self._check_stamps()
         if draft.branch_of is not None:
             return self._peer_branch(draft)
         expected = self.epochs[self.peer]
@@ -364,7 +387,7 @@ class SideMachine:
             if decision.aggregator != self.role:
                 actions.append(SendSwitch(position, token, decision.aggregator))
                 self.switches.append((position, decision.aggregator))
-            else:
+            elif not self.mirror:  # mirroring: the peer resolved it too (stamps check it)
                 actions.append(SendTarget(position, token, resolved[0].accepted))
             actions.append(Decided(position, decision, estimates))
             self.aggregator = decision.aggregator
@@ -376,6 +399,20 @@ class SideMachine:
         if None in drafts.values():
             return None
         return self.rule.aggregate(drafts[DEVICE], drafts[CLOUD])
+
+    def _send(self, draft: Draft) -> SendDraft:
+        if not self.mirror:
+            return SendDraft(draft)
+        return SendDraft(draft, (len(self.committed), self.crcs[-1]))
+
+    def _check_stamps(self) -> None:
+        """The peer's stamps that this side's resolutions have reached must match them."""
+        while self.stamps and self.stamps[0][0] < len(self.crcs):
+            n, crc = self.stamps.popleft()
+            if self.crcs[n] != crc:
+                raise ValueError(
+                    f"the peer's first {n} target tokens differ from the ones resolved here"
+                )
 
     def _mirror(self) -> list[Action]:
         """Resolve, on the side that does not aggregate, every position whose two drafts are
@@ -416,6 +453,8 @@ class SideMachine:
             rates = self.rule.rates(drafts[DEVICE], drafts[CLOUD], accepted)
             self.tracker.observe(rates, accepted)
         self.committed.append(token)
+        self.crcs.append(prefix_crc(self.crcs[-1], token))
+        self._check_stamps()
         actions: list[Action] = [
             Committed(
                 position, token, by, aggregated, accepted, self.epochs[self.role], rates, adopted

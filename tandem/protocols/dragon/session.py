@@ -272,7 +272,7 @@ class DragonSide(SideIO):
             )
             self.timeline.since("wire", began)
             dropped = self.machine.drafts_dropped[self.peer]
-            actions = self.machine.peer_draft(draft)
+            actions = self.machine.peer_draft(draft, wire.draft_stamp(msg))
             if self.machine.drafts_dropped[self.peer] == dropped:  # queued: it counts
                 self.timeline.mark("peer", draft.position)
             self._apply(actions)
@@ -304,7 +304,7 @@ class DragonSide(SideIO):
                 self.timeline.mark("own", draft.position)
                 self.draft_bytes = 0.8 * self.draft_bytes + 0.2 * (len(draft.payload) + 60)
                 began = time.perf_counter()
-                msg = wire.draft_message(0, draft, self.codec.name)
+                msg = wire.draft_message(0, draft, self.codec.name, action.stamp)
                 self.timeline.since("wire", began)  # the write itself is the "send" phase
                 self._send(msg)
             elif isinstance(action, SendTarget):

@@ -9,7 +9,8 @@
     draft                      DraftTokens: position, tokens = (token,), codec name,
                                distributions = (payload,), arrays["meta"] = float64
                                [epoch, logweight, decode_s, context]; a branch draft also
-                               arrays["branch"] = int64 [t, x] (queues.py)
+                               arrays["branch"] = int64 [t, x] (queues.py); when
+                               mirroring arrays["stamp"] = int64 [n, crc] (machine.py)
     target token               TargetToken: position, token, accepted = (device, cloud)
     switch                     SwitchAggregator: position, target_token, aggregator
     failure                    Error, code "dragon"
@@ -50,7 +51,9 @@ def pad_message(seq: int, nbytes: int) -> DraftTokens:
     return control_message(PAD, seq, {}, padding=nbytes)
 
 
-def draft_message(seq: int, draft: Draft, codec_name: str) -> DraftTokens:
+def draft_message(
+    seq: int, draft: Draft, codec_name: str, stamp: tuple[int, int] | None = None
+) -> DraftTokens:
     arrays = {
         "meta": np.array(
             [draft.epoch, draft.logweight, draft.decode_s, draft.context], dtype=np.float64
@@ -58,6 +61,8 @@ def draft_message(seq: int, draft: Draft, codec_name: str) -> DraftTokens:
     }
     if draft.branch_of is not None:
         arrays["branch"] = np.array(draft.branch_of, dtype=np.int64)
+    if stamp is not None:
+        arrays["stamp"] = np.array(stamp, dtype=np.int64)
     return DraftTokens(
         seq=seq,
         position=draft.position,
@@ -101,6 +106,18 @@ def parse_draft(msg: DraftTokens, *, side: str, codec: Codec, vocab_size: int) -
         branch_of=branch_of,
         support=None if kept is None else torch.from_numpy(kept),
     )
+
+
+def draft_stamp(msg: DraftTokens) -> tuple[int, int] | None:
+    """The (resolved count, prefix CRC) a mirroring peer sent with its draft, if any."""
+    stamp = msg.arrays.get("stamp")
+    if stamp is None:
+        return None
+    if stamp.shape != (2,) or stamp.dtype.kind not in "iu" or not 0 <= stamp[1] < 2**32:
+        raise ValueError("DRAGON draft stamp is not [resolved count, crc32]")
+    if stamp[0] < 0:
+        raise ValueError(f"DRAGON draft stamp counts {int(stamp[0])} resolved tokens")
+    return int(stamp[0]), int(stamp[1])
 
 
 def target_message(seq: int, position: int, token: int, accepted: dict[str, bool]) -> TargetToken:

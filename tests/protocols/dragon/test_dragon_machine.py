@@ -14,6 +14,7 @@ from tandem.protocols.dragon.machine import (
     SendSwitch,
     SendTarget,
     SideMachine,
+    prefix_crc,
 )
 from tandem.protocols.dragon.profiler import LatencyModel
 from tandem.protocols.dragon.queues import Draft
@@ -282,7 +283,54 @@ def test_own_branching_is_on_only_while_a_branch_pays():
 # ---- mirroring ----------------------------------------------------------------------------
 
 
-def test_the_side_that_does_not_aggregate_mirrors_and_the_verdict_confirms():
+def test_a_mirroring_aggregator_sends_no_verdicts_and_its_drafts_carry_stamps():
+    m = machine(targets={0: 5, 1: 7, 2: 7}, mirror=True)
+    (send,) = m.own_draft(draft("device", 0, 5))
+    assert send.stamp == (0, 0)  # nothing resolved yet: the empty sequence's CRC
+    assert kinds(m.peer_draft(draft("cloud", 0, 6))) == ["Committed", "Decided"]
+    send, *rest = m.own_draft(draft("device", 1, 7))
+    assert send.stamp == (1, prefix_crc(0, 5)) and kinds(rest) == []
+    assert kinds(m.peer_draft(draft("cloud", 1, 7, epoch=1))) == ["Committed", "Decided"]
+    assert m.crcs == [0, prefix_crc(0, 5), prefix_crc(prefix_crc(0, 5), 7)]
+    # a switch is still sent: the peer must learn that it aggregates now
+    moving = machine(targets={0: 1, 1: 1}, strategy="cloud", mirror=True)
+    moving.own_draft(draft("device", 0, 1))
+    assert kinds(moving.peer_draft(draft("cloud", 0, 1))) == ["Committed", "SendSwitch", "Decided"]
+    # without mirroring: a verdict, and no stamp
+    plain = machine(targets={0: 5})
+    assert plain.own_draft(draft("device", 0, 5))[0].stamp is None
+    assert "SendTarget" in kinds(plain.peer_draft(draft("cloud", 0, 6)))
+
+
+def test_the_peers_stamps_are_checked_once_this_side_resolved_as_far():
+    def side():
+        m = machine("cloud", targets={0: 9, 1: 3}, first="device", mirror=True, tokens=4)
+        m.own_draft(draft("cloud", 0, 9))
+        return m
+
+    good = [0, prefix_crc(0, 9), prefix_crc(prefix_crc(0, 9), 3)]
+    m = side()
+    m.peer_draft(draft("device", 0, 9), stamp=(0, 0))
+    assert m.committed == [9] and not m.stamps
+    m.peer_draft(draft("device", 1, 3), stamp=(2, good[2]))  # ahead: kept until reached
+    assert len(m.stamps) == 1
+    m.own_draft(draft("cloud", 1, 3))
+    assert m.committed == [9, 3] and not m.stamps  # reached and matched
+    # a stamp of a different sequence fails, at once or when it is reached
+    wrong = side()
+    wrong.peer_draft(draft("device", 0, 9))
+    with pytest.raises(ValueError, match="first 1 target tokens differ"):
+        wrong.peer_draft(draft("device", 1, 3), stamp=(1, prefix_crc(0, 8)))
+    later = side()
+    later.peer_draft(draft("device", 0, 9), stamp=(2, prefix_crc(prefix_crc(0, 9), 4)))
+    later.peer_draft(draft("device", 1, 3))
+    with pytest.raises(ValueError, match="first 2 target tokens differ"):
+        later.own_draft(draft("cloud", 1, 3))
+    with pytest.raises(ValueError, match="stamps 5 resolved"):
+        side().peer_draft(draft("device", 0, 9), stamp=(5, 0))
+
+
+def test_the_side_that_does_not_aggregate_mirrors_and_a_verdict_confirms():
     m = machine("cloud", targets={0: 9, 1: 3}, first="device", mirror=True)
     assert kinds(m.own_draft(draft("cloud", 0, 5))) == ["SendDraft"]
     (committed,) = m.peer_draft(draft("device", 0, 9))  # both here: resolved at once

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -51,8 +53,6 @@ def test_draft_round_trip_keeps_the_transmitted_law(greedy):
 
 
 def test_a_branch_draft_round_trips_and_a_bad_branch_is_refused():
-    import dataclasses
-
     codec = make_codec("top-p", p=0.8)
     draft = make_draft(law(), codec=codec, side="device", position=4, epoch=3, seed=9, greedy=True)
     branch = dataclasses.replace(draft, branch_of=(3, 17))
@@ -69,6 +69,21 @@ def test_a_branch_draft_round_trips_and_a_bad_branch_is_refused():
     for bad in ((2, 17), (3, 300)):  # not the position before, a token outside the vocabulary
         with pytest.raises(ValueError, match="branch"):
             parse(dataclasses.replace(draft, branch_of=bad))
+
+
+def test_a_stamp_round_trips_and_a_bad_one_is_refused():
+    import numpy as np
+
+    codec = make_codec("top-p", p=0.8)
+    draft = make_draft(law(), codec=codec, side="device", position=4, epoch=0, seed=9, greedy=True)
+    plain = roundtrip(wire.draft_message(1, draft, codec.name))
+    assert wire.draft_stamp(plain) is None
+    stamped = roundtrip(wire.draft_message(1, draft, codec.name, (3, 2**32 - 1)))
+    assert wire.draft_stamp(stamped) == (3, 2**32 - 1)
+    for bad in ([3, 2**32], [-1, 5], [1, 2, 3], [0.5, 1.0]):
+        arrays = {**plain.arrays, "stamp": np.array(bad)}
+        with pytest.raises(ValueError, match="stamp"):
+            wire.draft_stamp(dataclasses.replace(plain, arrays=arrays))
 
 
 def test_control_messages_round_trip():
