@@ -179,7 +179,8 @@ def checked_mass(probs: torch.Tensor | np.ndarray) -> tuple[np.ndarray, float]:
         raise CodecError(f"expected probs of shape [vocab], got {tuple(values.shape)}")
     if values.shape[0] > MAX_VOCAB:
         raise CodecError(f"vocabulary of {values.shape[0]} exceeds the limit {MAX_VOCAB}")
-    total = values.sum()  # NaN or inf anywhere makes it non-finite
+    with np.errstate(invalid="ignore", over="ignore"):  # inf - inf, a signalling NaN: refused below
+        total = values.sum()  # NaN or inf anywhere makes it non-finite
     if not np.isfinite(total) or values.min() < 0:
         raise CodecError("probs must be finite and non-negative")
     if not total > 0:
@@ -204,7 +205,8 @@ def normalized_fp16(values: np.ndarray) -> np.ndarray:
         wide = torch.from_numpy(np.array(half)).float().numpy().astype(np.float64)
     else:  # a sparse law's few values: numpy, without torch's per-call cost
         wide = half.astype(np.float64)  # both widenings are exact: the same numbers
-    total = wide.sum()  # exact; NaN or inf anywhere makes it non-finite
+    with np.errstate(invalid="ignore", over="ignore"):  # inf - inf, a signalling NaN: refused below
+        total = wide.sum()  # exact; NaN or inf anywhere makes it non-finite
     if not np.isfinite(total) or (wide.shape[0] and wide.min() < 0):
         raise CodecError("decoded values are negative or non-finite")
     if not total > 0:
