@@ -329,7 +329,7 @@ class _End(asyncio.BufferedProtocol):
         return self.buffer
 
     def buffer_updated(self, nbytes: int) -> None:
-        self.reads.feed(bytes(self.buffer[:nbytes]))
+        self.reads.feed(bytes(memoryview(self.buffer)[:nbytes]))
 
     def eof_received(self) -> bool:
         self.reads.end_of_input()

@@ -296,6 +296,7 @@ class SideMachine:
         if not self.degraded:
             self.degraded, self.degraded_at = True, len(self.committed)
             self.aggregator = self.role
+            self.stamps.clear()  # from here on this side resolves alone, by another rule
         return self._aggregate()
 
     # ---- the rules --------------------------------------------------------------------

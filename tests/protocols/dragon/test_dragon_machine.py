@@ -328,6 +328,14 @@ def test_the_peers_stamps_are_checked_once_this_side_resolved_as_far():
         later.own_draft(draft("cloud", 1, 3))
     with pytest.raises(ValueError, match="stamps 5 resolved"):
         side().peer_draft(draft("device", 0, 9), stamp=(5, 0))
+    # a device that lost the link resolves alone, by another rule: the stamps it held go
+    alone = machine(targets={0: 9}, first="cloud", mirror=True, tokens=4)
+    alone.own_draft(draft("device", 0, 5))
+    alone.peer_draft(draft("cloud", 0, 9), stamp=(2, prefix_crc(prefix_crc(0, 9), 4)))
+    assert alone.committed == [9] and len(alone.stamps) == 1
+    alone.link_lost()
+    alone.own_draft(draft("device", 1, 7, epoch=1))
+    assert alone.committed == [9, 7] and not alone.stamps
 
 
 def test_the_side_that_does_not_aggregate_mirrors_and_a_verdict_confirms():
