@@ -10,6 +10,7 @@ import random
 import statistics
 import time
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -301,6 +302,52 @@ def test_an_upstream_that_never_reads_holds_the_proxy_at_its_buffer_bound():
     held, blocked = asyncio.run(go())
     assert limit <= held <= limit + proxy_module.READ_BYTES
     assert blocked
+
+
+def test_a_client_that_never_reads_holds_the_proxy_at_its_buffer_bound_the_other_way():
+    """The same bound downstream: the upstream offers 64 MiB to a client that never reads;
+    the proxy stops reading the upstream at max_buffer_bytes (+ one read) and the upstream
+    blocks. Then the client reads it all, in order, and the connection ends cleanly."""
+    limit, offered, chunk = 256 * 1024, 16 << 20, bytes(range(256)) * 256  # 64 KiB chunks
+
+    async def go():
+        blocked = asyncio.Event()
+        written = []
+
+        async def flood(reader, writer):
+            for _ in range(offered // len(chunk)):
+                writer.write(chunk)
+                try:
+                    await asyncio.wait_for(writer.drain(), 0.5)
+                except TimeoutError:
+                    blocked.set()
+                    await writer.drain()
+                written.append(len(chunk))
+            writer.close()
+
+        server = await asyncio.start_server(flood, "127.0.0.1", 0)
+        config = ProxyConfig(
+            upstream_port=server.sockets[0].getsockname()[1], max_buffer_bytes=limit
+        )
+        async with DelayProxy(config) as proxy:
+            reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+            async with asyncio.timeout(20):
+                await blocked.wait()  # the upstream could not write on: the proxy stopped
+            held = proxy.held_bytes
+            received = 0
+            async with asyncio.timeout(30):
+                while data := await reader.read(1 << 20):
+                    expected = np.arange(received, received + len(data)) % 256  # the pattern
+                    assert np.array_equal(np.frombuffer(data, dtype=np.uint8), expected)
+                    received += len(data)
+            writer.close()
+        server.close()
+        await server.wait_closed()
+        return held, received
+
+    held, received = asyncio.run(go())
+    assert limit <= held <= limit + proxy_module.READ_BYTES
+    assert received == offered
 
 
 def test_replies_on_the_wire_arrive_although_the_upstream_hung_up_on_later_writes():
