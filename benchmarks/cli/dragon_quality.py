@@ -5,6 +5,7 @@ Plain functions with typer options; `benchmarks.cli` registers them on its `drag
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -104,11 +105,9 @@ def scheduling(
     if quick:
         model, cloud_model = "tiny-qwen2", "tiny-qwen2-b"
         record_new, record_tokens, questions = True, 32, QUESTIONS[:2]
-        config = SchedConfig(
-            traces=min(traces, 10), tokens=min(tokens, 50), extras_s=(0.0, 0.2),
-            acceptance_ema=acceptance_ema, switch_margin_s=switch_margin,
-            recorded_rates=not zero_one_rates, lookahead=lookahead, mirror=mirror,
-        )  # fmt: skip
+        config = dataclasses.replace(
+            config, traces=min(traces, 10), tokens=min(tokens, 50), extras_s=(0.0, 0.2)
+        )
     path = recording or out / TRACES_FILE
     cpus = role_cpus(device_cpus, cloud_cpus)
     if record_new or not path.is_file():

@@ -372,6 +372,7 @@ class _Connection:
         if end is not self.client:
             self.upstream = end
         else:  # the client's bytes wait in the kernel until the upstream connection is up
+            self.down.sink = end.transport
             end.transport.pause_reading()
             self.proxy._connections.add(self)
             task = self.loop.create_task(self._open_upstream())
@@ -394,8 +395,7 @@ class _Connection:
         if self.closed:  # the client went (or the proxy closed) meanwhile
             self.upstream.transport.close()
             return
-        self.up.sink, self.down.source = self.upstream.transport, self.upstream.transport
-        self.down.sink = self.client.transport
+        self.up.sink = self.upstream.transport  # (its `connection_made` set down.source)
         self.client.transport.resume_reading()
         self.up.flush()
 

@@ -371,10 +371,8 @@ class FramedChannel:
         self.messages_sent += 1
 
     async def send(self, msg: Message) -> None:
-        if self._error is not None:
-            raise _copy(self._error)
+        self.send_nowait(msg)
         try:
-            self._write(msg)
             await self._stream.drain()
         except OSError as exc:
             self._fail(ChannelClosed(f"connection lost: {exc}"))
