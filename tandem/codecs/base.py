@@ -166,21 +166,25 @@ def as_numpy_probs(probs: torch.Tensor | np.ndarray) -> np.ndarray:
 
 
 def checked_mass(probs: torch.Tensor | np.ndarray) -> tuple[np.ndarray, float]:
-    """([vocab] float64 values, their total), checked as `as_numpy_probs` checks them, whose
-    result is values / total: a caller that needs few entries divides only those (the same
-    float64 numbers) instead of the whole vocabulary."""
+    """([vocab] values, their float64 total), checked as `as_numpy_probs` checks them, whose
+    result is values / total: a caller that needs few entries divides only those (float64
+    numbers) instead of the whole vocabulary. float32 and float64 values come back as they
+    are (no widened copy of the vocabulary: the total is summed in float64 all the same, and
+    dividing a float32 entry by it widens it exactly); other dtypes as float64."""
     if isinstance(probs, torch.Tensor):
         probs = probs.detach().cpu()
         if probs.dtype not in (torch.float32, torch.float64):
             probs = probs.float()
         probs = probs.numpy()  # numpy converts without torch's thread pool (much faster here)
-    values = np.asarray(probs).astype(np.float64)
+    values = np.asarray(probs)
+    if values.dtype not in (np.float32, np.float64):
+        values = values.astype(np.float64)
     if values.ndim != 1 or values.shape[0] < 1:
         raise CodecError(f"expected probs of shape [vocab], got {tuple(values.shape)}")
     if values.shape[0] > MAX_VOCAB:
         raise CodecError(f"vocabulary of {values.shape[0]} exceeds the limit {MAX_VOCAB}")
     with np.errstate(invalid="ignore", over="ignore"):  # inf - inf, a signalling NaN: refused below
-        total = values.sum()  # NaN or inf anywhere makes it non-finite
+        total = values.sum(dtype=np.float64)  # NaN or inf anywhere makes it non-finite
     if not np.isfinite(total) or values.min() < 0:
         raise CodecError("probs must be finite and non-negative")
     if not total > 0:

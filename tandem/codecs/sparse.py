@@ -73,6 +73,13 @@ def top_k_ids(probs: np.ndarray, k: int, *, total: float = 1.0) -> np.ndarray:
 
 def top_p_ids(probs: np.ndarray, top_p: float, *, total: float = 1.0) -> np.ndarray:
     """The fewest most probable ids of the law `probs` / `total` ([vocab]) with mass >= top_p."""
+    if probs.dtype == np.float32:  # most drafts: the most probable token alone reaches top_p
+        best = int(probs.argmax())  # ties: the lowest id, as the stable sort puts first
+        # distinct float32 values stay distinct divided by a float64 total, so this is the
+        # first entry of the normalized law's stable sort, and alone it is the first prefix
+        # reaching top_p exactly when the test below holds (the same float64 division)
+        if probs[best] / total >= top_p:
+            return np.array([best], dtype=np.int64)
     ids = sorted_head(probs, mass=top_p, total=total)
     mass = np.cumsum(probs[ids] / total)
     num_kept = int(np.searchsorted(mass, top_p)) + 1  # the first prefix reaching top_p
@@ -93,13 +100,24 @@ def encode_sparse(probs: np.ndarray, ids: np.ndarray) -> bytes:
     return encode_kept(probs.shape[0], ids, probs[ids])
 
 
+SMALL_SUPPORT = 64  # up to this many kept ids, the id bits are packed in a Python int
+
+
 def encode_kept(vocab_size: int, ids: np.ndarray, kept: np.ndarray) -> bytes:
     """Payload for the kept `ids` ([K], K >= 1) and their probabilities `kept` ([K])."""
     width = index_width(vocab_size)
+    values = to_fp16(kept).astype("<f2").tobytes()
+    if ids.shape[0] <= SMALL_SUPPORT:  # a few fields: fewer calls than numpy's bit arrays
+        packed = ids.shape[0] - 1
+        for token in ids.tolist():
+            packed = (packed << width) | token
+        bits = width * (ids.shape[0] + 1)
+        pad = -bits % 8
+        return (packed << pad).to_bytes((bits + pad) // 8, "big") + values
     fields = np.concatenate([[ids.shape[0] - 1], ids]).astype(np.int64)  # [K + 1]
     shifts = np.arange(width - 1, -1, -1, dtype=np.int64)  # [w], most significant first
     bits = ((fields[:, None] >> shifts) & 1).astype(np.uint8)  # [K + 1, w]
-    return np.packbits(bits.reshape(-1)).tobytes() + to_fp16(kept).astype("<f2").tobytes()
+    return np.packbits(bits.reshape(-1)).tobytes() + values
 
 
 def decode_sparse(data: bytes, vocab_size: int) -> torch.Tensor:
@@ -111,27 +129,36 @@ def decode_sparse_support(data: bytes, vocab_size: int) -> tuple[torch.Tensor, n
     """([vocab] float32 probs, [K] int64 kept ids) from a sparse payload."""
     check_vocab_size(vocab_size)
     width = index_width(vocab_size)
-    raw = np.frombuffer(data, dtype=np.uint8)
-    if 8 * raw.shape[0] < width:
+    data = bytes(data)
+    head_bytes = (width + 7) // 8
+    if len(data) < head_bytes:
         raise CodecError("sparse payload too short")
-    head = np.unpackbits(raw[: (width + 7) // 8])[:width]
-    num_kept = int(head @ (1 << np.arange(width - 1, -1, -1, dtype=np.int64))) + 1
+    num_kept = (int.from_bytes(data[:head_bytes], "big") >> (8 * head_bytes - width)) + 1
     if num_kept > vocab_size:
         raise CodecError(f"sparse payload keeps {num_kept} of {vocab_size} tokens")
     id_bytes = (width * (num_kept + 1) + 7) // 8
-    if raw.shape[0] != id_bytes + 2 * num_kept:
-        raise CodecError(
-            f"sparse payload of {raw.shape[0]} bytes, expected {id_bytes + 2 * num_kept}"
-        )
-    bits = np.unpackbits(raw[:id_bytes])
-    if bits[width * (num_kept + 1) :].any():
-        raise CodecError("sparse payload padding bits are not zero")
-    id_bits = bits[width : width * (num_kept + 1)].reshape(num_kept, width).astype(np.int64)
-    ids = id_bits @ (1 << np.arange(width - 1, -1, -1, dtype=np.int64))  # [K]
-    if (ids >= vocab_size).any() or len(set(ids.tolist())) != num_kept:
+    if len(data) != id_bytes + 2 * num_kept:
+        raise CodecError(f"sparse payload of {len(data)} bytes, expected {id_bytes + 2 * num_kept}")
+    if num_kept <= SMALL_SUPPORT:  # a few fields: read from a Python int (encode_kept's way)
+        packed = int.from_bytes(data[:id_bytes], "big")
+        pad = 8 * id_bytes - width * (num_kept + 1)
+        if packed & ((1 << pad) - 1):
+            raise CodecError("sparse payload padding bits are not zero")
+        packed >>= pad
+        mask = (1 << width) - 1
+        listed = [(packed >> (width * (num_kept - 1 - i))) & mask for i in range(num_kept)]
+        ids = np.array(listed, dtype=np.int64)
+    else:
+        bits = np.unpackbits(np.frombuffer(data, dtype=np.uint8, count=id_bytes))
+        if bits[width * (num_kept + 1) :].any():
+            raise CodecError("sparse payload padding bits are not zero")
+        id_bits = bits[width : width * (num_kept + 1)].reshape(num_kept, width).astype(np.int64)
+        ids = id_bits @ (1 << np.arange(width - 1, -1, -1, dtype=np.int64))  # [K]
+        listed = ids.tolist()
+    if max(listed) >= vocab_size or len(set(listed)) != num_kept:
         raise CodecError("sparse payload has out-of-range or repeated token ids")
     sent = np.zeros(vocab_size, dtype=np.float32)
-    sent[ids] = normalized_fp16(np.frombuffer(raw[id_bytes:].tobytes(), dtype="<f2"))
+    sent[ids] = normalized_fp16(np.frombuffer(data, dtype="<f2", offset=id_bytes))
     return torch.from_numpy(sent), ids
 
 

@@ -172,6 +172,62 @@ def test_sparse_selection_divides_only_what_it_keeps_and_keeps_the_same():
         )
 
 
+def test_top_p_on_float32_laws_takes_the_top_token_alone_as_the_sort_would():
+    """A float32 law whose most probable token alone reaches p skips the sort: the same ids
+    as the sorted path on the same values widened to float64 (ties at the top: the lowest
+    id), also when the top token's normalized value sits an ulp either side of p."""
+    from tandem.codecs.sparse import top_p_ids
+
+    rng = np.random.default_rng(3)
+    for trial in range(400):
+        values = (rng.random(int(rng.integers(2, 3000))) * 1e-4).astype(np.float32)
+        top = int(rng.integers(values.shape[0]))
+        values[top] = np.float32(rng.uniform(0.2, 2.0))
+        if trial % 4 == 0:  # a tie at the top: the lower id comes first
+            values[int(rng.integers(values.shape[0]))] = values[top]
+        total = values.sum(dtype=np.float64)
+        best = float(values.max()) / total
+        for p in (best, np.nextafter(best, 0.0), np.nextafter(best, 1.0), 0.5, 0.8, 0.95):
+            if not 0 < p <= 1:
+                continue
+            assert np.array_equal(
+                top_p_ids(values, p, total=total),
+                top_p_ids(values.astype(np.float64), p, total=total),
+            ), (trial, p)
+
+
+@pytest.mark.parametrize("kept", [1, 2, 7, 63, 64, 65, 300])
+def test_small_and_large_supports_pack_the_same_bits(kept, monkeypatch):
+    """Up to `SMALL_SUPPORT` ids the payload is packed in a Python int, above it with numpy's
+    bit arrays: the same bytes either way, and each decoder reads the other's payload."""
+    from tandem.codecs import sparse
+
+    rng = np.random.default_rng(kept)
+    ids = rng.choice(QWEN_VOCAB, size=kept, replace=False)
+    ids[0] = QWEN_VOCAB - 1  # the widest id
+    values = np.sort(rng.random(kept))[::-1] + 0.01
+    small = sparse.encode_kept(QWEN_VOCAB, ids, values)
+    small_decoded = sparse.decode_sparse_support(small, QWEN_VOCAB)
+    monkeypatch.setattr(sparse, "SMALL_SUPPORT", 0)  # numpy's path for any size
+    large = sparse.encode_kept(QWEN_VOCAB, ids, values)
+    assert small == large and len(small) == math.ceil(18 * (kept + 1) / 8) + 2 * kept
+    large_decoded = sparse.decode_sparse_support(small, QWEN_VOCAB)
+    assert np.array_equal(small_decoded[1], ids) and np.array_equal(large_decoded[1], ids)
+    assert torch.equal(small_decoded[0], large_decoded[0])
+    padded = bytearray(small)
+    if 18 * (kept + 1) % 8:  # a padding bit set is refused by both
+        padded[math.ceil(18 * (kept + 1) / 8) - 1] |= 1
+        for limit in (0, 64):
+            monkeypatch.setattr(sparse, "SMALL_SUPPORT", limit)
+            with pytest.raises(CodecError, match="padding"):
+                sparse.decode_sparse_support(bytes(padded), QWEN_VOCAB)
+    repeated = sparse.encode_kept(QWEN_VOCAB, np.array([5, 5]), np.array([0.5, 0.5]))
+    for limit in (0, 64):  # a repeated id is refused by both
+        monkeypatch.setattr(sparse, "SMALL_SUPPORT", limit)
+        with pytest.raises(CodecError, match="repeated"):
+            sparse.decode_sparse_support(repeated, QWEN_VOCAB)
+
+
 def test_sparse_ids_near_the_top_of_qwen_vocab_survive():
     probs = torch.zeros(QWEN_VOCAB)
     top_ids = [QWEN_VOCAB - 1, QWEN_VOCAB - 2, 65_535, 65_536, 62_000, 0]
