@@ -16,8 +16,8 @@ import typer
 
 # What `tandem demo` and `tandem device run --mode dragon` run unless told otherwise: one decode
 # row per side holding its documents, weighted by their retrieval scores, the configuration
-# measured at 1.08-1.11x device-only decoding per token over six runs, median 1.08x
-# (docs/dragon.md, "A leaner codec"). The paper's form, one row per document re-weighted as the answer
+# measured at a median 1.08x device-only decoding per token over twelve runs (docs/dragon.md,
+# "A leaner codec, and twelve runs of it"). The paper's form, one row per document re-weighted as the answer
 # grows, is `--rows documents --scorer embedding` (the library's DragonConfig default), about
 # 3x slower here: each extra row costs 1.5 decodes on this CPU.
 ROWS_HELP = "documents (a row per document: the paper's form) or side (one row per side) [side]."
