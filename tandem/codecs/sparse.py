@@ -73,11 +73,12 @@ def top_k_ids(probs: np.ndarray, k: int, *, total: float = 1.0) -> np.ndarray:
 
 def top_p_ids(probs: np.ndarray, top_p: float, *, total: float = 1.0) -> np.ndarray:
     """The fewest most probable ids of the law `probs` / `total` ([vocab]) with mass >= top_p."""
-    if probs.dtype == np.float32:  # most drafts: the most probable token alone reaches top_p
-        best = int(probs.argmax())  # ties: the lowest id, as the stable sort puts first
-        # distinct float32 values stay distinct divided by a float64 total, so this is the
-        # first entry of the normalized law's stable sort, and alone it is the first prefix
-        # reaching top_p exactly when the test below holds (the same float64 division)
+    # most drafts: the most probable token alone reaches top_p. Distinct float32 values stay
+    # distinct divided by a float64 total (or by 1), so the argmax (ties: the lowest id) is the
+    # first entry of the normalized law's stable sort, and alone it is the first prefix
+    # reaching top_p exactly when the test below holds (the same division as the sorted path)
+    if probs.dtype == np.float32 and (isinstance(total, np.float64) or total == 1.0):
+        best = int(probs.argmax())
         if probs[best] / total >= top_p:
             return np.array([best], dtype=np.int64)
     ids = sorted_head(probs, mass=top_p, total=total)
