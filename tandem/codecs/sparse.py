@@ -22,6 +22,8 @@ import numpy as np
 import torch
 
 from tandem.codecs.base import (
+    BitReader,
+    BitWriter,
     CodecBase,
     CodecError,
     Sent,
@@ -101,7 +103,7 @@ def encode_sparse(probs: np.ndarray, ids: np.ndarray) -> bytes:
     return encode_kept(probs.shape[0], ids, probs[ids])
 
 
-SMALL_SUPPORT = 64  # up to this many kept ids, the id bits are packed in a Python int
+SMALL_SUPPORT = 64  # up to this many kept ids, the id bits go through BitWriter / BitReader
 
 
 def encode_kept(vocab_size: int, ids: np.ndarray, kept: np.ndarray) -> bytes:
@@ -109,12 +111,10 @@ def encode_kept(vocab_size: int, ids: np.ndarray, kept: np.ndarray) -> bytes:
     width = index_width(vocab_size)
     values = to_fp16(kept).astype("<f2").tobytes()
     if ids.shape[0] <= SMALL_SUPPORT:  # a few fields: fewer calls than numpy's bit arrays
-        packed = ids.shape[0] - 1
-        for token in ids.tolist():
-            packed = (packed << width) | token
-        bits = width * (ids.shape[0] + 1)
-        pad = -bits % 8
-        return (packed << pad).to_bytes((bits + pad) // 8, "big") + values
+        writer = BitWriter()
+        for field in [ids.shape[0] - 1, *ids.tolist()]:
+            writer.write(field, width)
+        return writer.to_bytes() + values
     fields = np.concatenate([[ids.shape[0] - 1], ids]).astype(np.int64)  # [K + 1]
     shifts = np.arange(width - 1, -1, -1, dtype=np.int64)  # [w], most significant first
     bits = ((fields[:, None] >> shifts) & 1).astype(np.uint8)  # [K + 1, w]
@@ -140,14 +140,11 @@ def decode_sparse_support(data: bytes, vocab_size: int) -> tuple[torch.Tensor, n
     id_bytes = (width * (num_kept + 1) + 7) // 8
     if len(data) != id_bytes + 2 * num_kept:
         raise CodecError(f"sparse payload of {len(data)} bytes, expected {id_bytes + 2 * num_kept}")
-    if num_kept <= SMALL_SUPPORT:  # a few fields: read from a Python int (encode_kept's way)
-        packed = int.from_bytes(data[:id_bytes], "big")
-        pad = 8 * id_bytes - width * (num_kept + 1)
-        if packed & ((1 << pad) - 1):
-            raise CodecError("sparse payload padding bits are not zero")
-        packed >>= pad
-        mask = (1 << width) - 1
-        listed = [(packed >> (width * (num_kept - 1 - i))) & mask for i in range(num_kept)]
+    if num_kept <= SMALL_SUPPORT:  # a few fields: read as encode_kept wrote them
+        reader = BitReader(data[:id_bytes])
+        reader.read(width)  # the count, read above
+        listed = [reader.read(width) for _ in range(num_kept)]
+        reader.finish()  # the padding bits are zero
         ids = np.array(listed, dtype=np.int64)
     else:
         bits = np.unpackbits(np.frombuffer(data, dtype=np.uint8, count=id_bytes))

@@ -198,7 +198,7 @@ def test_top_p_on_float32_laws_takes_the_top_token_alone_as_the_sort_would():
 
 @pytest.mark.parametrize("kept", [1, 2, 7, 63, 64, 65, 300])
 def test_small_and_large_supports_pack_the_same_bits(kept, monkeypatch):
-    """Up to `SMALL_SUPPORT` ids the payload is packed in a Python int, above it with numpy's
+    """Up to `SMALL_SUPPORT` ids the payload is packed by BitWriter, above it with numpy's
     bit arrays: the same bytes either way, and each decoder reads the other's payload."""
     from tandem.codecs import sparse
 
