@@ -63,11 +63,16 @@ class FaultRelay:
     def up(self) -> None:
         self.down = False
 
+    async def _close_server(self) -> None:
+        self.server.close()
+        await self.server.wait_closed()
+
     def close(self) -> None:
         self.cut()
-        self.server.close()
+        # asyncio.Server is not thread-safe: closing it from this thread raced the loop
+        # thread's transports detaching (both ran Server._wakeup; CI saw the TypeError).
         with contextlib.suppress(Exception):
-            self._call(self.server.wait_closed(), timeout=5)
+            self._call(self._close_server(), timeout=5)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=10)
         self.loop.close()
