@@ -11,8 +11,11 @@ Words used here:
 - *trace*: per output position, whether the draft model's greedy token equals the target's
   on the target's own prefix. "humaneval": `draft_agreement_teacher_forced` of
   benchmarks/results/humaneval.json (Qwen2.5-Coder 0.5B vs 1.5B, llama.cpp, one list of 128 per
-  problem); "random-0.7" / "random-0.75" / "random-0.8": the sweep, random traces with
-  exactly that agreement (`exact_draw`). The draft's row at position t is the target's row,
+  problem), or of any file given with `--traces` (`tandem bench humaneval-traces` records all
+  164 problems); with `--band LO-HI` only the problems whose own agreement lies in [LO, HI]
+  ("humaneval-LO-HI": real traces at that agreement, disagreements where the real pair has
+  them, clustered or not); "random-0.7" / "random-0.75" / "random-0.8": the sweep, random
+  traces with exactly that agreement, independent of each other (`exact_draw`). The draft's row at position t is the target's row,
   with the target's top token pushed below all others where the trace says "disagree";
   decoding is greedy, so every method's output is the target's greedy path and each draft is
   accepted exactly where the trace agrees.
@@ -49,6 +52,7 @@ from rich.table import Table
 from benchmarks import RESULTS
 from benchmarks.report import Machines, new_figure, save_json, save_png
 from benchmarks.spec import PROMPTS
+from tandem.errors import TandemError
 from tandem.models.emulated import SleepLM
 from tandem.protocols.spec import SpecConfig, epochs, run_pair
 from tandem.protocols.spec.planner import Controller, Costs, throughput
@@ -104,17 +108,51 @@ def paper_target() -> SleepLM:
     )
 
 
-def load_traces(path: Path, sweep: tuple[float, ...], sweep_problems: int) -> dict:
+def load_traces(
+    path: Path,
+    sweep: tuple[float, ...],
+    sweep_problems: int,
+    band: tuple[float, float] | None = None,
+) -> dict:
     """trace name -> list of agreement lists (module docstring)."""
     traces: dict[str, list[list[int]]] = {}
     if path.exists():
         recorded = json.loads(path.read_text()).get("draft_agreement_teacher_forced", {})
-        if recorded:
-            traces["humaneval"] = [list(map(int, v)) for v in recorded.values()]
+        agreements = [list(map(int, v)) for v in recorded.values() if v]
+        if band is not None:
+            lo, hi = band
+            agreements = [a for a in agreements if lo <= sum(a) / len(a) <= hi]
+        if agreements:
+            traces[humaneval_trace_name(band)] = agreements
     generator = torch.Generator().manual_seed(15)
     for p in sweep:
         traces[f"random-{p:g}"] = [exact_draw(p, generator) for _ in range(sweep_problems)]
     return traces
+
+
+def _shown(path: Path) -> str:
+    """The path as the command line would give it from the repository root, where it can."""
+    try:
+        return str(path.resolve().relative_to(RESULTS.resolve().parent.parent))
+    except ValueError:
+        return str(path)
+
+
+def humaneval_trace_name(band: tuple[float, float] | None) -> str:
+    return "humaneval" if band is None else f"humaneval-{band[0]:g}-{band[1]:g}"
+
+
+def parse_band(text: str | None) -> tuple[float, float] | None:
+    """'0.7-0.8' -> (0.7, 0.8); None -> None."""
+    if not text:
+        return None
+    try:
+        lo, hi = (float(x) for x in text.split("-"))
+    except ValueError:
+        raise TandemError(f"--band {text!r}: give two agreements as LO-HI, e.g. 0.7-0.8") from None
+    if not 0.0 <= lo <= hi <= 1.0:
+        raise TandemError(f"--band {text!r}: need 0 <= LO <= HI <= 1")
+    return lo, hi
 
 
 def exact_draw(p: float, generator: torch.Generator, length: int = 128) -> list[int]:
@@ -186,6 +224,7 @@ def run(
     max_new_tokens: int = 128,
     methods: tuple[str, ...] = METHODS,
     name: str = "spec_paper",
+    band: tuple[float, float] | None = None,
 ) -> dict:
     """Run every method at every RTT on every trace; save `name`.json / .png; print tables."""
     from tandem.testbed.cpus import role_cpus
@@ -196,9 +235,10 @@ def run(
         isolation="one process; emulated compute sleeps (SleepLM), no model runs on a core",
         shared=["event loop, sampling, codecs, link emulator"],
     )
-    traces = load_traces(humaneval, sweep, sweep_problems)
-    if "humaneval" not in traces:
-        console.print(f"[yellow]no acceptance traces in {humaneval}: agreement sweep only")
+    traces = load_traces(humaneval, sweep, sweep_problems, band)
+    if humaneval_trace_name(band) not in traces:
+        console.print(f"[yellow]no acceptance traces in {humaneval}"
+                      f"{f' with agreement in {band}' if band else ''}: agreement sweep only")  # fmt: skip
     if problems:
         traces = {k: v[:problems] for k, v in traces.items()}
     target, n, started = paper_target(), max_new_tokens, time.perf_counter()
@@ -234,8 +274,9 @@ def run(
                             "target_pass_ms": f"{1e3 * TARGET_BASE_S:g} + {1e3 * TARGET_PER_TOKEN_S:g} n",
                             "target_ar_tok_s": 1 / (TARGET_BASE_S + TARGET_PER_TOKEN_S),
                             "verify_4_ms": 1e3 * (TARGET_BASE_S + 4 * TARGET_PER_TOKEN_S)},
-            "traces": {k: {"source": "benchmarks/results/humaneval.json draft_agreement_teacher_forced"
-                           if k == "humaneval" else "random traces, exactly round(p * 128) agreeing positions each (seed 15)",
+            "traces": {k: {"source": f"{_shown(humaneval)} draft_agreement_teacher_forced"
+                           + (f", the problems with agreement in [{band[0]:g}, {band[1]:g}]" if band else "")
+                           if k == humaneval_trace_name(band) else "random traces, exactly round(p * 128) agreeing positions each (seed 15)",
                            "problems": len(v), "mean_agreement": mean_agreement(v)}
                        for k, v in traces.items()},
             "methods": {m: SETTINGS.get(m, m) for m in methods},

@@ -319,7 +319,7 @@ def _register_subcommands() -> None:
     """Benchmarks that live in their own CLI modules."""
     from benchmarks.cli import dragon as bench_dragon
     from benchmarks.cli.dragon_quality import perplexity, scheduling
-    from benchmarks.cli.humaneval import humaneval, humaneval_sweep
+    from benchmarks.cli.humaneval import humaneval, humaneval_sweep, humaneval_traces
     from benchmarks.cli.private import private_spec
     from benchmarks.cli.serve import serve_load
     from benchmarks.cli.spec_paper import spec_paper
@@ -327,6 +327,7 @@ def _register_subcommands() -> None:
     app.command("serve")(serve_load)
     app.command("humaneval")(humaneval)
     app.command("humaneval-sweep")(humaneval_sweep)
+    app.command("humaneval-traces")(humaneval_traces)
     app.command("spec-paper")(spec_paper)
     app.command("private-spec")(private_spec)
     bench_dragon.app.command("perplexity")(perplexity)

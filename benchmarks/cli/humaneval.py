@@ -66,3 +66,19 @@ def humaneval_sweep(
     from benchmarks.humaneval_sweep import run
 
     run(files, out=out, name=name, margins=margins)
+
+
+def humaneval_traces(
+    problems: str = typer.Option("all", "--problems", help="Problem indices: all, 0-15, 0,3."),
+    max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n", min=1),
+    device_model: str = typer.Option("qwen2.5-coder-0.5b", "--device-model"),
+    cloud_model: str = typer.Option("qwen2.5-coder-1.5b", "--cloud-model"),
+    name: str = typer.Option("humaneval_traces", "--name", help="Result file name."),
+    out: Path = typer.Option(RESULTS, "--out", help="Folder for JSON and PNG."),
+) -> None:
+    """The real pair's teacher-forced acceptance per problem (agreement, the target token's
+    rank in the draft's law, the draft's confidence): what `spec-paper --traces` replays."""
+    from benchmarks.humaneval_traces import run
+
+    run(problems=problems, max_new_tokens=max_new_tokens, device_model=device_model,
+        cloud_model=cloud_model, name=name, out=out)  # fmt: skip

@@ -21,14 +21,21 @@ def spec_paper(
     humaneval: Path = typer.Option(
         RESULTS / "humaneval.json", "--traces", help="tandem bench humaneval's JSON."
     ),
+    band: str = typer.Option(
+        None,
+        "--band",
+        help="Only the recorded problems whose agreement lies in LO-HI (e.g. 0.7-0.8): real "
+        "traces at that agreement, beside the random ones.",
+    ),
     name: str = typer.Option("spec_paper", "--name", help="Result file name (no extension)."),
     out: Path = typer.Option(RESULTS, "--out", help="Folder for JSON and PNG."),
 ) -> None:
     """Cloud AR, stop-and-wait, PicoSpec, eager and the adaptive controller side by side."""
-    from benchmarks.spec_paper import run
+    from benchmarks.spec_paper import parse_band, run
 
     run(
         out=out,
+        band=parse_band(band),
         humaneval=humaneval,
         rtts=tuple(rtt),
         sweep=tuple(sweep),

@@ -14,8 +14,10 @@ from benchmarks.spec_paper import (
     exact_draw,
     load_traces,
     paper_target,
+    parse_band,
     run,
 )
+from tandem.errors import TandemError
 
 
 def test_trace_draft_agrees_with_the_target_exactly_where_the_trace_says():
@@ -39,6 +41,22 @@ def test_traces_come_from_the_humaneval_json_and_the_sweep(tmp_path):
     assert all(sum(t) == 64 for t in traces["random-0.5"])  # exactly the agreement asked for
     assert len({tuple(t) for t in traces["random-0.5"]}) == 3  # at different places
     assert "humaneval" not in load_traces(tmp_path / "missing.json", (0.5,), 1)
+
+
+def test_a_band_keeps_the_recorded_problems_whose_agreement_lies_in_it(tmp_path):
+    path = tmp_path / "he.json"
+    recorded = {"a": [1, 1, 1, 0], "b": [1, 0, 1, 0], "c": [1] * 4, "d": [1, 1, 1, 1, 0], "e": []}
+    path.write_text(json.dumps({"draft_agreement_teacher_forced": recorded}))
+    traces = load_traces(path, (), 1, band=(0.7, 0.8))  # a: 0.75, d: 0.8 (inclusive)
+    assert traces == {"humaneval-0.7-0.8": [[1, 1, 1, 0], [1, 1, 1, 1, 0]]}
+    assert load_traces(path, (), 1, band=(0.3, 0.4)) == {}
+    assert parse_band("0.7-0.8") == (0.7, 0.8) and parse_band(None) is None
+
+
+@pytest.mark.parametrize("text", ["0.8", "a-b", "0.9-0.7", "0.5-1.5"])
+def test_a_bad_band_is_refused_with_a_message(text):
+    with pytest.raises(TandemError, match="--band"):
+        parse_band(text)
 
 
 def test_exact_draws_agree_at_every_position_with_the_asked_probability():
