@@ -15,8 +15,9 @@ Words used here:
   164 problems); with `--band LO-HI` only the problems whose own agreement lies in [LO, HI]
   ("humaneval-LO-HI": real traces at that agreement, disagreements where the real pair has
   them, clustered or not); "random-0.7" / "random-0.75" / "random-0.8": the sweep, random
-  traces with exactly that agreement, independent of each other (`exact_draw`). The draft's row at position t is the target's row,
-  with the target's top token pushed below all others where the trace says "disagree";
+  traces with exactly that agreement, independent of each other (`exact_draw`). The draft's
+  row at position t is the target's row, with the target's top token pushed below all others
+  where the trace says "disagree";
   decoding is greedy, so every method's output is the target's greedy path and each draft is
   accepted exactly where the trace agrees.
 - methods: cloud AR (tokens streamed), stop-and-wait (sync, separate rejection), PicoSpec
@@ -116,17 +117,22 @@ def load_traces(
 ) -> dict:
     """trace name -> list of agreement lists (module docstring)."""
     traces: dict[str, list[list[int]]] = {}
-    if path.exists():
-        recorded = json.loads(path.read_text()).get("draft_agreement_teacher_forced", {})
-        agreements = [list(map(int, v)) for v in recorded.values() if v]
-        if band is not None:
-            lo, hi = band
-            agreements = [a for a in agreements if lo <= sum(a) / len(a) <= hi]
-        if agreements:
-            traces[humaneval_trace_name(band)] = agreements
+    if recorded := recorded_traces(path, band):
+        traces[humaneval_trace_name(band)] = list(recorded.values())
     generator = torch.Generator().manual_seed(15)
     for p in sweep:
         traces[f"random-{p:g}"] = [exact_draw(p, generator) for _ in range(sweep_problems)]
+    return traces
+
+
+def recorded_traces(path: Path, band: tuple[float, float] | None = None) -> dict[str, list[int]]:
+    """problem -> agreement list recorded in `path` (in its order), those in `band` if given."""
+    if not path.exists():
+        return {}
+    recorded = json.loads(path.read_text()).get("draft_agreement_teacher_forced", {})
+    traces = {task: list(map(int, v)) for task, v in recorded.items() if v}
+    if band is not None:
+        traces = {t: a for t, a in traces.items() if band[0] <= sum(a) / len(a) <= band[1]}
     return traces
 
 
@@ -277,7 +283,9 @@ def run(
             "traces": {k: {"source": f"{_shown(humaneval)} draft_agreement_teacher_forced"
                            + (f", the problems with agreement in [{band[0]:g}, {band[1]:g}]" if band else "")
                            if k == humaneval_trace_name(band) else "random traces, exactly round(p * 128) agreeing positions each (seed 15)",
-                           "problems": len(v), "mean_agreement": mean_agreement(v)}
+                           "problems": len(v), "mean_agreement": mean_agreement(v),
+                           **({"tasks": list(recorded_traces(humaneval, band))[: len(v)]}
+                              if k == humaneval_trace_name(band) else {})}
                        for k, v in traces.items()},
             "methods": {m: SETTINGS.get(m, m) for m in methods},
             "draft_len": GAMMA,

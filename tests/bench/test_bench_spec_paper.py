@@ -15,6 +15,7 @@ from benchmarks.spec_paper import (
     load_traces,
     paper_target,
     parse_band,
+    recorded_traces,
     run,
 )
 from tandem.errors import TandemError
@@ -50,6 +51,7 @@ def test_a_band_keeps_the_recorded_problems_whose_agreement_lies_in_it(tmp_path)
     traces = load_traces(path, (), 1, band=(0.7, 0.8))  # a: 0.75, d: 0.8 (inclusive)
     assert traces == {"humaneval-0.7-0.8": [[1, 1, 1, 0], [1, 1, 1, 1, 0]]}
     assert load_traces(path, (), 1, band=(0.3, 0.4)) == {}
+    assert list(recorded_traces(path, (0.7, 0.8))) == ["a", "d"]  # the JSON names them
     assert parse_band("0.7-0.8") == (0.7, 0.8) and parse_band(None) is None
 
 
