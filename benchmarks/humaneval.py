@@ -431,19 +431,13 @@ def measure_margins(divergences, runs, ids, target) -> None:
 
 def _agreement(lm, runs, ids) -> dict:
     """Per problem: does the draft model's greedy token, on ar's prefix, equal ar's token?"""
-    traces = {}
-    for r in (r for r in runs if r["mode"] == "ar" and r["tokens"]):
-        state = lm.prefill(ids[r["problem"]])
-        first = int(state.logits[0].argmax())
-        rest = (
-            lm.decode(state, r["tokens"][:-1])[0].argmax(-1).tolist()
-            if len(r["tokens"]) > 1
-            else []
-        )
-        traces[r["problem"]] = [
-            int(p == t) for p, t in zip([first, *rest], r["tokens"], strict=True)
-        ]
-    return traces
+    from benchmarks.humaneval_traces import teacher_forced
+
+    return {
+        r["problem"]: teacher_forced(lm, ids[r["problem"]], r["tokens"])["agree"]
+        for r in runs
+        if r["mode"] == "ar" and r["tokens"]
+    }
 
 
 def _aggregate(runs, modes) -> list[dict]:

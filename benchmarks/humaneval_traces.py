@@ -32,22 +32,18 @@ from rich.progress import Progress
 from benchmarks import RESULTS
 from benchmarks import humaneval_tasks as tasks
 from benchmarks.report import Machines, new_figure, save_json, save_png
+from tandem.protocols.decoding import decode_steps
 from tandem.testbed import cpus
 
 BANDS = ((0.0, 0.6), (0.6, 0.7), (0.7, 0.8), (0.8, 0.9), (0.9, 1.0))
 
 
 def target_greedy(lm, ids: list[int], n: int) -> list[int]:
-    """`n` greedy tokens of `lm` after `ids`, one decode step each (stops after EOS)."""
-    state = lm.prefill(ids)
-    tokens: list[int] = []
-    while len(tokens) < n:
-        token = int(state.logits[0].argmax())
-        tokens.append(token)
-        if token == lm.tokenizer.eos_token_id or len(tokens) == n:
-            break
-        lm.decode(state, [token])
-    return tokens
+    """`n` greedy tokens of `lm` after `ids` from the one decoding loop, one decode step each
+    (as cloud AR runs it), ending after EOS."""
+    steps = decode_steps(lm, lm.prefill(ids), seed=0, temperature=0.0, max_new_tokens=n,
+                         eos=lm.tokenizer.eos_token_id)  # fmt: skip
+    return list(steps)
 
 
 def teacher_forced(lm, ids: list[int], tokens: list[int]) -> dict[str, list]:

@@ -116,8 +116,18 @@ def load_traces(
     band: tuple[float, float] | None = None,
 ) -> dict:
     """trace name -> list of agreement lists (module docstring)."""
+    return build_traces(recorded_traces(path, band), sweep, sweep_problems, band)
+
+
+def build_traces(
+    recorded: dict[str, list[int]],
+    sweep: tuple[float, ...],
+    sweep_problems: int,
+    band: tuple[float, float] | None,
+) -> dict:
+    """The recorded traces (`recorded_traces`) under their name, then the random sweep."""
     traces: dict[str, list[list[int]]] = {}
-    if recorded := recorded_traces(path, band):
+    if recorded:
         traces[humaneval_trace_name(band)] = list(recorded.values())
     generator = torch.Generator().manual_seed(15)
     for p in sweep:
@@ -241,7 +251,8 @@ def run(
         isolation="one process; emulated compute sleeps (SleepLM), no model runs on a core",
         shared=["event loop, sampling, codecs, link emulator"],
     )
-    traces = load_traces(humaneval, sweep, sweep_problems, band)
+    recorded = recorded_traces(humaneval, band)
+    traces = build_traces(recorded, sweep, sweep_problems, band)
     if humaneval_trace_name(band) not in traces:
         console.print(f"[yellow]no acceptance traces in {humaneval}"
                       f"{f' with agreement in {band}' if band else ''}: agreement sweep only")  # fmt: skip
@@ -284,7 +295,7 @@ def run(
                            + (f", the problems with agreement in [{band[0]:g}, {band[1]:g}]" if band else "")
                            if k == humaneval_trace_name(band) else "random traces, exactly round(p * 128) agreeing positions each (seed 15)",
                            "problems": len(v), "mean_agreement": mean_agreement(v),
-                           **({"tasks": list(recorded_traces(humaneval, band))[: len(v)]}
+                           **({"tasks": list(recorded)[: len(v)]}
                               if k == humaneval_trace_name(band) else {})}
                        for k, v in traces.items()},
             "methods": {m: SETTINGS.get(m, m) for m in methods},
