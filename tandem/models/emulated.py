@@ -4,9 +4,11 @@ core (the papers' GPU regimes, which this CPU cannot be; every result that uses 
 
 - `SleepLM`: logits are a deterministic function of the context (a generator seeded by a hash
   of the ids, optionally mixed with another SleepLM's, `mix`, which sets how often the two
-  agree); each forward pass *sleeps* for `base_s + per_token_s * n` (`prefill_s` for a
-  prefill), checking the cancel event every millisecond, as the real backend checks it between
-  layers.
+  agree); each forward pass takes `base_s + per_token_s * n` (`prefill_s` for a prefill) in
+  all: it computes its logits, then *sleeps* for the rest of that time on the cancel event,
+  which ends the pass the moment it is set (the real backend stops between layers). (Until
+  2026-11-27 it slept the whole time after computing the logits, polling the event every
+  millisecond, so a pass ran ~0.2-1 ms over its calibration when both sides shared the GIL.)
 - `ToyTokenizer`: bytes modulo the vocabulary.
 
 Calibrations (which machine it stands for) live with the benchmarks that use them
@@ -88,34 +90,43 @@ class SleepLM:
         return self.mix * self.other.row(context) + (1.0 - self.mix) * own
 
     @staticmethod
-    def _sleep(seconds: float, cancel: threading.Event | None) -> None:
-        end = time.perf_counter() + seconds
+    def _sleep(
+        seconds: float, cancel: threading.Event | None, started: float | None = None
+    ) -> None:
+        """Sleep until `seconds` after `started` (default: now); `cancel` ends it at once."""
+        end = (time.perf_counter() if started is None else started) + seconds
         while (left := end - time.perf_counter()) > 0:
-            if cancel is not None and cancel.is_set():
+            if cancel is None:
+                time.sleep(left)
+            elif cancel.wait(left):
                 raise Cancelled("decode cancelled")
-            time.sleep(min(left, 0.001))
         if cancel is not None and cancel.is_set():
             raise Cancelled("decode cancelled")
 
-    def _prefill_wait(self, cancel: threading.Event | None) -> None:
-        self._sleep(self.prefill_s, cancel)
+    def _prefill_wait(self, cancel: threading.Event | None, started: float) -> None:
+        self._sleep(self.prefill_s, cancel, started)
 
-    def _decode_wait(self, seq_len: int, n: int, cancel: threading.Event | None) -> None:
-        self._sleep(self.base_s + self.per_token_s * n, cancel)
+    def _decode_wait(
+        self, seq_len: int, n: int, cancel: threading.Event | None, started: float
+    ) -> None:
+        self._sleep(self.base_s + self.per_token_s * n, cancel, started)
 
     def prefill(self, ids, cancel: threading.Event | None = None) -> SleepState:
+        started = time.perf_counter()
         ids = [int(t) for t in ids]
-        self._prefill_wait(cancel)
-        return SleepState(ids=ids, logits=self.row(tuple(ids)).unsqueeze(0))
+        logits = self.row(tuple(ids)).unsqueeze(0)
+        self._prefill_wait(cancel, started)
+        return SleepState(ids=ids, logits=logits)
 
     def decode(self, state: SleepState, ids, cancel: threading.Event | None = None):
+        started = time.perf_counter()
         ids = ids.tolist() if isinstance(ids, torch.Tensor) else list(ids)
         if ids and isinstance(ids[0], list):  # [batch, n] with batch 1
             assert len(ids) == 1, "SleepLM decodes one row"
             ids = ids[0]
         new = [int(t) for t in ids]
-        self._decode_wait(state.seq_len, len(new), cancel)
         rows = [self.row(tuple(state.ids + new[: i + 1])) for i in range(len(new))]
+        self._decode_wait(state.seq_len, len(new), cancel, started)
         state.ids = state.ids + new
         state.logits = rows[-1].unsqueeze(0)
         return torch.stack(rows).unsqueeze(0)  # [1, n, vocab]

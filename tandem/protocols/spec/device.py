@@ -17,7 +17,8 @@ and is applied once the running draft step has returned or been cancelled.
   times longer than expected. Model work runs in a thread, so sends and receives overlap it.
 - eager ("the cloud never idles", eager.py): the async pump, an `EagerDrafter`, and every
   committed token that comes down (an AR token or an eager verdict's tokens) is adopted: drafts
-  equal to it stay in flight, a different one restarts drafting after it (new epoch). With a
+  equal to it stay in flight, a different one stops the draft step in flight at once and
+  restarts drafting after it (new epoch). With a
   `planner.Controller` the session re-plans each round: the block length, and whether to
   draft at all (not drafting = the cloud's AR stream alone).
 """
@@ -139,7 +140,10 @@ class DeviceSession:
                         self.drafter.cancel.set()  # interrupt the draft step in flight
                     self.results.put_nowait((fields, msg.seq, time.perf_counter()))
                 elif isinstance(msg, TargetToken) and self.eager:
-                    self.results.put_nowait((wire.parse_token(msg), None, time.perf_counter()))
+                    fields = wire.parse_token(msg)
+                    if self.drafter.contradicts(fields["position"], fields["tokens"]):
+                        self.drafter.cancel.set()  # the chain is dead (eager.py: interrupt)
+                    self.results.put_nowait((fields, None, time.perf_counter()))
                 elif isinstance(msg, Error):
                     self._fail(TandemError(f"cloud error: {msg.message}"))
                     return

@@ -23,6 +23,10 @@ committed. Words used here (as in drafter.py and verifier.py), and:
   committed are checked against the committed tokens: the matching prefix is skipped, a
   mismatch kills the chain (the device hears of it from the token already streamed down).
   The drafts left, starting at the cloud's frontier, are verified in one forward pass.
+- *interrupt* (device): a committed token that differs from a draft the device holds kills
+  its chain, so the device's reader stops the draft step in flight at once (the draft model's
+  cancel event, as PicoSpec's interrupt on a rejection verdict) instead of finishing a step
+  whose draft adoption would void: the new chain starts up to a draft step sooner. Timing only.
 - *preempt*: a request that arrives during an AR step stops it (the cancel event) only when
   that pays: the request is not stale, holds drafts beyond the position being decoded, and the
   step has run less than the fixed part of a forward pass (t_ar - per-token cost, measured:
@@ -178,6 +182,18 @@ class EagerVerifier(Verifier):
 
 class EagerDrafter(Drafter):
     """Device state for one eager generation: a Drafter that adopts committed tokens."""
+
+    def contradicts(self, position: int, tokens: tuple[int, ...] | list[int]) -> bool:
+        """Whether a committed token from `position` differs from this side's draft at its
+        position: adopting it will void every draft, so a draft step in flight is wasted
+        (*interrupt*). Reads state only (the reader calls it while a step may be appending a
+        draft in the worker thread; `adopt` alone changes the drafts it compares)."""
+        frontier, drafts = self.frontier, self.drafts
+        for offset, token in enumerate(tokens):
+            index = position + offset - frontier
+            if 0 <= index < len(drafts) and drafts[index].token != int(token):
+                return True
+        return False
 
     def adopt(self, position: int, tokens: tuple[int, ...] | list[int]) -> Outcome:
         """Commit the cloud's tokens from `position` (module docstring: *adopt*)."""

@@ -60,10 +60,12 @@ class TableLM(SleepLM):
                 return
             time.sleep(min(left, 0.002))
 
-    def _prefill_wait(self, cancel: threading.Event | None) -> None:
+    def _prefill_wait(self, cancel: threading.Event | None, started: float) -> None:
         self._wait(0, 1, cancel)
 
-    def _decode_wait(self, seq_len: int, n: int, cancel: threading.Event | None) -> None:
+    def _decode_wait(
+        self, seq_len: int, n: int, cancel: threading.Event | None, started: float
+    ) -> None:
         with self._lock:
             self._wait(seq_len, n, cancel)
             self.forward_calls += 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import time
 
 import pytest
 import torch
@@ -13,10 +14,11 @@ import torch
 from tandem.config import SamplingConfig
 from tandem.errors import TandemError
 from tandem.protocols.local import generate
-from tandem.protocols.spec import SpecConfig, run_pair
+from tandem.protocols.spec import SpecConfig, run_pair, wire
+from tandem.protocols.spec.device import DeviceSession
 from tandem.protocols.spec.eager import EagerDrafter, EagerVerifier
 from tandem.protocols.spec.verifier import Request
-from tandem.transport import LinkConfig
+from tandem.transport import End, LinkConfig, Start, VerifyRequest, control, memory_pair
 
 from .fakes import TableLM
 
@@ -138,6 +140,73 @@ def test_adopt_keeps_matching_drafts_and_restarts_after_a_mismatch():
     assert drafter.ctx.ids == PROMPT + [truth[0], other]
     with pytest.raises(TandemError):
         drafter.adopt(5, (1,))
+
+
+def test_contradicts_names_exactly_the_tokens_that_kill_the_chain():
+    """The reader's interrupt rule: a committed token that differs from a held draft at its
+    position (and only that) says the draft step in flight is wasted."""
+    target = TableLM(8, "t")
+    draft = TableLM(8, "d", correlate_with=target, mix=1.0)
+    drafter = EagerDrafter(draft, PROMPT, eager_config(codec="dense"), eos_id=None)
+    drafter.prefill()
+    for _ in range(3):
+        drafter.draft_next()
+    held = [d.token for d in drafter.drafts]  # positions 0-2
+    other = [(t + 1) % 8 for t in held]
+    assert not drafter.contradicts(0, held)  # all equal
+    assert not drafter.contradicts(1, held[1:2])
+    assert drafter.contradicts(1, (other[1],))
+    assert drafter.contradicts(0, (held[0], held[1], other[2]))  # the last one differs
+    assert not drafter.contradicts(3, (5,))  # no draft held there: nothing to contradict
+    drafter.adopt(0, held[:1])  # position 0 committed: positions count from the output's start
+    assert not drafter.contradicts(0, (other[0],))  # already committed, no draft there
+    assert drafter.contradicts(2, (other[2],)) and not drafter.contradicts(2, (held[2],))
+    assert drafter.drafts and drafter.epoch == 0  # a query: nothing changed
+
+
+class _Once(dict):
+    """slow_positions that slow one decode only (the key is read once)."""
+
+    def get(self, key, default=None):
+        return self.pop(key, default)
+
+
+def test_an_ar_token_that_kills_the_chain_interrupts_the_draft_step_in_flight():
+    """A scripted cloud: the device sends its draft for position 0 and starts a 2 s draft step;
+    the cloud streams an AR token for position 0 that differs from that draft. The reader stops
+    the step at once (cancelled_steps), and the new chain's first request follows within a
+    fraction of the 2 s (without the interrupt the step would run to its end first)."""
+    draft = TableLM(8, "d", step_delay_s=0.002)
+    draft.slow_positions = _Once({len(PROMPT): 2.0})  # the decode of draft 0 (for draft 1)
+    n = 3
+    config = eager_config(codec="dense", max_new_tokens=n, draft_len=1)
+
+    async def main():
+        device_channel, cloud_channel = memory_pair()
+        session = DeviceSession(device_channel, draft, PROMPT, config)
+        device = asyncio.create_task(session.run())
+        assert isinstance(await cloud_channel.recv(), Start)
+        first = await cloud_channel.recv()  # the draft for position 0, sent before the slow step
+        assert isinstance(first, VerifyRequest) and first.position == 0
+        wrong = (int(first.tokens[0]) + 1) % 8
+        await asyncio.sleep(0.05)  # the slow step is under way
+        sent = time.perf_counter()
+        await cloud_channel.send(wire.token_message(0, wrong, 0.01))
+        second = await cloud_channel.recv()  # the new chain's first draft, after `wrong`
+        gap = time.perf_counter() - sent
+        for position in range(1, n):
+            await cloud_channel.send(wire.token_message(position, 0, 0.01))
+        while not isinstance(await cloud_channel.recv(), End):
+            pass
+        await cloud_channel.send(control.stats({}))
+        report = await device
+        await cloud_channel.close()
+        return report, second, gap, wrong
+
+    report, second, gap, wrong = asyncio.run(main())
+    assert second.position == 1 and report.tokens == [wrong, 0, 0]
+    assert report.cancelled_steps >= 1  # (the AR tokens after it may stop more)
+    assert gap < 1.0  # the 2 s step was stopped, not waited out
 
 
 @pytest.mark.parametrize("codec,params", [("dense", {}), ("k-sqs", {"k": 8})])
