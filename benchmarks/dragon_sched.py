@@ -123,10 +123,11 @@ class DecodeTimes:
 class SimConfig:
     tokens: int = 100
     lookahead: int = DragonConfig.lookahead  # the live default (8 until 2026-11-26)
-    acceptance_ema: float = 0.3
+    acceptance_ema: float = DragonConfig.acceptance_ema
     slope_weight: float = 0.1
     rtt_probe_s: float = 0.5
     switch_margin_s: float = 0.0
+    switch_horizon: int = DragonConfig.switch_horizon
     prompt_context: int = 128  # context length of a row before the first draft
     recorded_rates: bool = True  # the tracker learns the trace's Eq. 5 rates (if it has them)
     # the side that does not aggregate resolves as soon as it holds both drafts (the live
@@ -204,7 +205,12 @@ class Simulation:
             s: SideMachine(
                 s,
                 rule=self.rule,
-                scheduler=Scheduler(strategy, seed=seed, margin=config.switch_margin_s),
+                scheduler=Scheduler(
+                    strategy,
+                    seed=seed,
+                    margin=config.switch_margin_s,
+                    horizon=config.switch_horizon,
+                ),  # fmt: skip
                 first_aggregator=CLOUD if strategy == CLOUD else DEVICE,
                 max_new_tokens=config.tokens,
                 latency={o: decode.offline(o, config.prompt_context) for o in SIDES},
@@ -457,10 +463,17 @@ class SchedConfig:
     tokens: int = 100
     block: int = 10
     extras_s: tuple[float, ...] = (0.0, 0.1, 0.2, 0.3, 0.4)
-    scenarios: tuple[tuple[str, float], ...] = (("as measured", 1.0), ("cloud 10x faster", 0.1))
+    scenarios: tuple[tuple[str, float], ...] = (
+        ("as measured", 1.0),
+        ("cloud 10x faster", 0.1),
+        ("cloud 3x faster", 1 / 3),
+        ("cloud 2x faster", 0.5),
+        ("device 2x faster", 2.0),
+    )
     box_extra_s: float = 0.3
-    acceptance_ema: float = 0.3  # the live default (DragonConfig.acceptance_ema)
+    acceptance_ema: float = DragonConfig.acceptance_ema  # the live default (0.3 until 2026-11-27)
     switch_margin_s: float = 0.0  # the live default (DragonConfig.switch_margin_s)
+    switch_horizon: int = DragonConfig.switch_horizon  # the live default (0 until 2026-11-27)
     recorded_rates: bool = True  # False: the tracker learns 0/1 outcomes (older recordings)
     lookahead: int = DragonConfig.lookahead  # the live default (8 until 2026-11-26)
     mirror: bool = False  # the paper's protocol; True replays the live default (SimConfig)
@@ -473,6 +486,7 @@ class SchedConfig:
             lookahead=self.lookahead,
             acceptance_ema=self.acceptance_ema,
             switch_margin_s=self.switch_margin_s,
+            switch_horizon=self.switch_horizon,
             recorded_rates=self.recorded_rates,
             mirror=self.mirror,
         )

@@ -64,10 +64,21 @@ def scheduling(
     traces: int = typer.Option(50, "--traces", min=1, help="Bootstrapped traces."),
     tokens: int = typer.Option(100, "--tokens", min=1, help="Tokens per simulated generation."),
     acceptance_ema: float = typer.Option(
-        0.3, "--acceptance-ema", min=0.01, max=1.0, help="Scheduler's acceptance smoothing."
+        0.0,
+        "--acceptance-ema",
+        min=0.0,
+        max=1.0,
+        help="Scheduler's acceptance smoothing (0: DragonConfig's default).",
     ),
     switch_margin: float = typer.Option(
         0.0, "--switch-margin", min=0.0, help="Scheduler: switch only when better by this (s)."
+    ),
+    switch_horizon: int = typer.Option(
+        -1,
+        "--switch-horizon",
+        min=-1,
+        help="Scheduler: a switch repays its one-way trip within this many tokens "
+        "(0: the paper's rule; -1: DragonConfig's default).",
     ),
     zero_one_rates: bool = typer.Option(
         False, "--zero-one-rates", help="Scheduler learns 0/1 outcomes, not recorded Eq. 5 rates."
@@ -96,10 +107,12 @@ def scheduling(
 
     torch.set_num_threads(1)
     lookahead = lookahead or DragonConfig.lookahead
+    acceptance_ema = acceptance_ema or DragonConfig.acceptance_ema
+    switch_horizon = DragonConfig.switch_horizon if switch_horizon < 0 else switch_horizon
     config = SchedConfig(
         traces=traces, tokens=tokens, acceptance_ema=acceptance_ema,
-        switch_margin_s=switch_margin, recorded_rates=not zero_one_rates, lookahead=lookahead,
-        mirror=mirror,
+        switch_margin_s=switch_margin, switch_horizon=switch_horizon,
+        recorded_rates=not zero_one_rates, lookahead=lookahead, mirror=mirror,
     )  # fmt: skip
     questions = QUESTIONS
     if quick:

@@ -69,11 +69,16 @@ class DragonConfig:
     relevance_interval: int = 4  # re-score the documents every this many tokens
     relevance_temperature: float = 0.1  # relevance logits = similarity / temperature
     relevance_prefetch: bool = True  # score a prefix on a thread while its last token decodes
-    acceptance_ema: float = 0.3  # weight of a new observation in the acceptance moving average
+    # weight of a new observation in the acceptance moving average (0.3 until 2026-11-27:
+    # noisier estimates flipped the aggregator on noise, docs/dragon-figures.md)
+    acceptance_ema: float = 0.05
     slope_weight: float = 0.1  # rho: weight of a new decode timing in the online slope update
     rtt_probe_s: float = 0.5  # in-band Ping interval while generating (0 = no probes)
     bandwidth_probe_bytes: int = 16_384  # one padding burst at start to estimate the uplink
     switch_margin_s: float = 0.0  # switch only when the other side is better by this much
+    # a switch must repay its one-way trip within this many tokens (scheduler.py; 0: the
+    # paper's rule, which prices no switch)
+    switch_horizon: int = 64
     timeline: bool = False  # the cloud sends its per-token timeline to the device at the end
 
     def __post_init__(self) -> None:
@@ -89,6 +94,7 @@ class DragonConfig:
             (self.relevance_interval >= 1, "relevance_interval must be >= 1"),
             (self.relevance_temperature > 0, "relevance_temperature must be > 0"),
             (0 < self.acceptance_ema <= 1, "acceptance_ema must be in (0, 1]"),
+            (self.switch_horizon >= 0, "switch_horizon must be >= 0"),
             (0 < self.slope_weight <= 1, "slope_weight must be in (0, 1]"),
             (self.rtt_probe_s >= 0, "rtt_probe_s must be >= 0"),
             (self.bandwidth_probe_bytes >= 0, "bandwidth_probe_bytes must be >= 0"),

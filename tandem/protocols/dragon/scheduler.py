@@ -9,7 +9,13 @@ the other side):
 - *Z_s* (Eq. 7): expected latency per token if side s aggregates from now on:
   `Z_s = alpha_o max(c_s, c_o) + (1 - alpha_o) max(c_s, c_o + rtt)`, o the other side.
   A rejected draft of the other side costs a round trip; a rejected local draft does not.
-- *latency gap* (Eq. 8): `Z_here - Z_there`; the aggregator moves when it is > 0.
+- *latency gap* (Eq. 8): `Z_here - Z_there`; the aggregator moves when it is > 0 (the
+  paper's rule), or, with a *switch horizon* H (ours), when it exceeds rtt / 2 / H: a switch
+  costs a one-way trip (the new aggregator waits for the switch message), which Eq. 8 leaves
+  out, so the move must repay it within H tokens. Without it, on replayed traces where the
+  sides' decode costs differ 2-3x, noise in the acceptance estimates flipped the aggregator
+  6-10 times a generation at 300-400 ms and lost 4-5% to the best fixed placement
+  (docs/dragon-figures.md, "Costs that differ 2-3x").
 
 Strategies (`Scheduler`): "dragon" (Eq. 7/8), "device", "cloud" (static), "random" (a fair
 coin per token from the position seed). All functions here are pure; a simulator (paper
@@ -103,12 +109,19 @@ class Decision:
 class Scheduler:
     """Chooses the side that aggregates the next position."""
 
-    def __init__(self, strategy: str = "dragon", *, seed: int = 0, margin: float = 0.0):
+    def __init__(
+        self, strategy: str = "dragon", *, seed: int = 0, margin: float = 0.0, horizon: int = 0
+    ):
+        """`margin`: seconds per token the other side must be better by; `horizon`: tokens a
+        switch must repay its one-way trip in (0: no such price, the paper's rule)."""
         if strategy not in STRATEGIES:
             raise ValueError(f"unknown strategy {strategy!r}")
+        if horizon < 0:
+            raise ValueError("horizon must be >= 0")
         self.strategy = strategy
         self.seed = seed
         self.margin = margin
+        self.horizon = horizon
 
     def decide(self, here: str, position: int, estimates: Estimates | None) -> Decision:
         if self.strategy in (DEVICE, CLOUD):
@@ -126,4 +139,7 @@ class Scheduler:
             estimates.alpha[there],
             estimates.rtt,
         )
-        return Decision(there if gap > self.margin else here, gap)
+        threshold = self.margin
+        if self.horizon:
+            threshold = max(threshold, estimates.rtt / 2 / self.horizon)
+        return Decision(there if gap > threshold else here, gap)

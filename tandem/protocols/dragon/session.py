@@ -103,7 +103,12 @@ class DragonSide(SideIO):
             role,
             rule=_TimedRule(SpeculativeAggregation(config.seed, config.greedy), self.timeline),
             scheduler=_TimedScheduler(
-                Scheduler(config.strategy, seed=config.seed, margin=config.switch_margin_s),
+                Scheduler(
+                    config.strategy,
+                    seed=config.seed,
+                    margin=config.switch_margin_s,
+                    horizon=config.switch_horizon,
+                ),
                 self.timeline,
             ),
             first_aggregator=config.first_aggregator,

@@ -73,6 +73,28 @@ def test_margin_and_missing_estimates_keep_the_aggregator():
     assert Scheduler("dragon", margin=gap + 1e-6).decide("device", 0, tight).aggregator == "device"
 
 
+def test_a_switch_horizon_prices_the_one_way_trip_a_switch_costs():
+    """With horizon H the aggregator moves only when the gap exceeds rtt / 2 / H (the switch's
+    one-way trip repaid within H tokens); H = 0 is the paper's rule (any positive gap)."""
+    # the cloud decodes 2x faster, its drafts pass a little less often: a small gap for it
+    near = estimates(0.11, 0.055, 0.90, 0.85, 0.4)
+    gap = Scheduler("dragon").decide("device", 0, near).gap
+    assert 0 < gap < 0.05
+    price_horizon = 0.2 / gap  # rtt / 2 / H == gap
+    stay, move = int(price_horizon) - 1, int(price_horizon) + 1
+    assert stay >= 1
+    assert Scheduler("dragon", horizon=0).decide("device", 0, near).aggregator == "cloud"
+    assert Scheduler("dragon", horizon=move).decide("device", 0, near).aggregator == "cloud"
+    assert Scheduler("dragon", horizon=stay).decide("device", 0, near).aggregator == "device"
+    # the larger of margin and the horizon's price applies
+    assert (
+        Scheduler("dragon", margin=gap + 1e-6, horizon=10_000).decide("device", 0, near).aggregator
+        == "device"
+    )
+    with pytest.raises(ValueError, match="horizon"):
+        Scheduler("dragon", horizon=-1)
+
+
 def test_static_and_random_strategies():
     est = estimates(0.3, 0.2, 1.0, 0.0, 0.5)
     assert {Scheduler("device").decide(s, 0, est).aggregator for s in ("device", "cloud")} == {
