@@ -210,7 +210,7 @@ class Simulation:
                     seed=seed,
                     margin=config.switch_margin_s,
                     horizon=config.switch_horizon,
-                ),  # fmt: skip
+                ),
                 first_aggregator=CLOUD if strategy == CLOUD else DEVICE,
                 max_new_tokens=config.tokens,
                 latency={o: decode.offline(o, config.prompt_context) for o in SIDES},

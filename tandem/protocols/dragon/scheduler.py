@@ -14,7 +14,7 @@ the other side):
   costs a one-way trip (the new aggregator waits for the switch message), which Eq. 8 leaves
   out, so the move must repay it within H tokens. Without it, on replayed traces where the
   sides' decode costs differ 2-3x, noise in the acceptance estimates flipped the aggregator
-  6-10 times a generation at 300-400 ms and lost 4-5% to the best fixed placement
+  4-10 times a generation at 300-400 ms and lost 3.5-4.5% to the best fixed placement
   (docs/dragon-figures.md, "Costs that differ 2-3x").
 
 Strategies (`Scheduler`): "dragon" (Eq. 7/8), "device", "cloud" (static), "random" (a fair
