@@ -123,6 +123,12 @@ class Scheduler:
         self.margin = margin
         self.horizon = horizon
 
+    @classmethod
+    def for_config(cls, config) -> Scheduler:
+        """The scheduler a `DragonConfig` describes (strategy, seed, margin, horizon)."""
+        return cls(config.strategy, seed=config.seed, margin=config.switch_margin_s,
+                   horizon=config.switch_horizon)  # fmt: skip
+
     def decide(self, here: str, position: int, estimates: Estimates | None) -> Decision:
         if self.strategy in (DEVICE, CLOUD):
             return Decision(self.strategy, 0.0)

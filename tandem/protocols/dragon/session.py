@@ -102,15 +102,7 @@ class DragonSide(SideIO):
         self.machine = SideMachine(
             role,
             rule=_TimedRule(SpeculativeAggregation(config.seed, config.greedy), self.timeline),
-            scheduler=_TimedScheduler(
-                Scheduler(
-                    config.strategy,
-                    seed=config.seed,
-                    margin=config.switch_margin_s,
-                    horizon=config.switch_horizon,
-                ),
-                self.timeline,
-            ),
+            scheduler=_TimedScheduler(Scheduler.for_config(config), self.timeline),
             first_aggregator=config.first_aggregator,
             max_new_tokens=config.max_new_tokens,
             latency={

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tandem.protocols.dragon.config import DragonConfig
 from tandem.protocols.dragon.scheduler import (
     Estimates,
     Scheduler,
@@ -93,6 +94,9 @@ def test_a_switch_horizon_prices_the_one_way_trip_a_switch_costs():
     )
     with pytest.raises(ValueError, match="horizon"):
         Scheduler("dragon", horizon=-1)
+    live = Scheduler.for_config(DragonConfig(switch_horizon=7, switch_margin_s=0.01, seed=3))
+    assert (live.horizon, live.margin, live.seed, live.strategy) == (7, 0.01, 3, "dragon")
+    assert Scheduler.for_config(DragonConfig()).horizon == 64  # the live default
 
 
 def test_static_and_random_strategies():
