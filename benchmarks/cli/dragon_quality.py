@@ -13,6 +13,7 @@ import typer
 
 from benchmarks import RESULTS
 from tandem.errors import TandemError
+from tandem.protocols.dragon.config import DragonConfig
 from tandem.testbed.options import CLOUD_CPUS, DEVICE_CPUS, role_cpus
 
 OUT = typer.Option(RESULTS, "--out", help="Folder for the JSON and PNG results.")
@@ -64,21 +65,21 @@ def scheduling(
     traces: int = typer.Option(50, "--traces", min=1, help="Bootstrapped traces."),
     tokens: int = typer.Option(100, "--tokens", min=1, help="Tokens per simulated generation."),
     acceptance_ema: float = typer.Option(
-        0.0,
+        DragonConfig.acceptance_ema,
         "--acceptance-ema",
-        min=0.0,
+        min=0.01,
         max=1.0,
-        help="Scheduler's acceptance smoothing (0: DragonConfig's default).",
+        help="Scheduler's acceptance smoothing.",
     ),
     switch_margin: float = typer.Option(
         0.0, "--switch-margin", min=0.0, help="Scheduler: switch only when better by this (s)."
     ),
     switch_horizon: int = typer.Option(
-        -1,
+        DragonConfig.switch_horizon,
         "--switch-horizon",
-        min=-1,
+        min=0,
         help="Scheduler: a switch repays its one-way trip within this many tokens "
-        "(0: the paper's rule; -1: DragonConfig's default).",
+        "(0: the paper's rule).",
     ),
     zero_one_rates: bool = typer.Option(
         False, "--zero-one-rates", help="Scheduler learns 0/1 outcomes, not recorded Eq. 5 rates."
@@ -103,12 +104,9 @@ def scheduling(
     import torch
 
     from benchmarks.dragon_sched import QUESTIONS, SchedConfig, record, run
-    from tandem.protocols.dragon.config import DragonConfig
 
     torch.set_num_threads(1)
     lookahead = lookahead or DragonConfig.lookahead
-    acceptance_ema = acceptance_ema or DragonConfig.acceptance_ema
-    switch_horizon = DragonConfig.switch_horizon if switch_horizon < 0 else switch_horizon
     config = SchedConfig(
         traces=traces, tokens=tokens, acceptance_ema=acceptance_ema,
         switch_margin_s=switch_margin, switch_horizon=switch_horizon,
