@@ -18,6 +18,7 @@ import torch
 from tandem.codecs.base import (
     CodecBase,
     CodecError,
+    Sent,
     as_numpy_probs,
     check_vocab_size,
     normalized_fp16,
@@ -50,6 +51,14 @@ class DenseCodec(CodecBase):
 
     def encode(self, probs: torch.Tensor) -> bytes:
         return to_fp16(as_numpy_probs(probs)).astype("<f2").tobytes()
+
+    def encode_sent(self, probs: torch.Tensor) -> Sent:
+        """`encode` and `transmitted_probs` of one row with one validation and one float16
+        rounding (the base class does each twice: an eager draft step on a 64-token
+        vocabulary spent 0.26 ms here, half of it repeated)."""
+        half = to_fp16(as_numpy_probs(probs))
+        sent = torch.from_numpy(normalized_fp16(half)).reshape(probs.shape).to(probs.device)
+        return Sent(half.astype("<f2").tobytes(), sent)
 
     def decode(self, data: bytes, vocab_size: int) -> torch.Tensor:
         check_vocab_size(vocab_size)

@@ -13,8 +13,9 @@ verification runs on the batcher's executor: the forward pass joins those of oth
 that are ready at the same time. Nothing else changes (same Verifier, same verdicts). An
 `observer` (the cloud's metrics) hears every verdict: drafts verified, accepted, tokens added.
 
-Pipeline "eager" (eager.py): whenever the inbox is empty and the output is not complete, the
-cloud runs one AR step of its `EagerVerifier` in a worker thread and streams the token down; a
+Pipeline "eager" (eager.py): whenever the inbox is empty and the output is not complete, or
+the step is free (its row is there: before any waiting request), the cloud runs one AR step
+of its `EagerVerifier` in a worker thread and streams the token down; a
 request arriving meanwhile sets the cancel event (the step stops between layers, nothing is
 committed) and is admitted (chain and content checks), then its remaining drafts verified.
 """
@@ -152,8 +153,8 @@ class CloudSession:
     async def _eager_loop(self) -> None:
         verifier: EagerVerifier = self.verifier
         while True:
-            if self.inbox.empty() and not verifier.done:
-                await self._ar_step()
+            if verifier.step_free or (self.inbox.empty() and not verifier.done):
+                await self._ar_step()  # a free step goes first (eager.py: free step first)
                 continue
             requests = await self._take(await self.inbox.get())
             if requests is None:
@@ -183,12 +184,13 @@ class CloudSession:
         meta = msg.arrays.get("meta")
         epoch = int(meta[0]) if meta is not None and meta.shape == (3,) else 0
         elapsed = time.perf_counter() - self._ar_running
-        return self.verifier.worth_preempting(epoch, msg.position, len(msg.tokens), elapsed)
+        return self.verifier.worth_preempting(epoch, msg.position, msg.tokens, elapsed)
 
     async def _ar_step(self) -> None:
         """One eager AR step, preempted by a request that arrives meanwhile if that pays."""
         self.verifier.cancel.clear()
-        start = self._ar_running = time.perf_counter()
+        start = time.perf_counter()
+        self._ar_running = None if self.verifier.step_free else start  # nothing to preempt
         try:
             token = await asyncio.to_thread(self.verifier.ar_step)
         except Cancelled:

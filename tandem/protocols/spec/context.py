@@ -61,6 +61,13 @@ class LMContext:
         return self.state.seq_len if self.state is not None else 0
 
     @property
+    def row_ready(self) -> bool:
+        """Whether the row after `ids` is computed: `logits()` needs no forward pass."""
+        return (
+            self.state is not None and self.fed == len(self.ids) and self.state.logits is not None
+        )
+
+    @property
     def output(self) -> list[int]:
         return self.ids[self.prompt_len :]
 

@@ -21,8 +21,9 @@ forward pass; an AR step is the pass with no drafts); h = rtt / 2 each way.
   reaches the cloud (+ h), and when the cloud commits each position, C(p): at the end of the
   pass that verifies it (a pass takes every chunk waiting, merged), or, in eager, of the AR
   step that decodes it (the cloud runs AR steps while no drafts wait; a chunk that reaches
-  past the step being decoded preempts it when less than its fixed part has run; the first
-  step after a fully accepted pass is free, the bonus token's role).
+  past the step being decoded preempts it when less than `planner.preempt_threshold` has run,
+  at the model's alpha; the first step after a fully accepted pass is free, the bonus
+  token's role, and is taken before any chunk that waits).
 - Nothing before the first mismatch depends on where it is, so if position X is the first
   draft that differs, the epoch commits X tokens and lasts C(X): P(X = p) = alpha^(p-1)
   (1 - alpha). Renewal-reward: rate = E[X] / E[C(X)], summed over p up to a horizon where
@@ -39,7 +40,7 @@ import heapq
 import math
 
 from tandem.protocols.spec.edge import auto_lookahead, chunk_boundary
-from tandem.protocols.spec.planner import Costs
+from tandem.protocols.spec.planner import Costs, preempt_threshold
 
 HORIZON = 2048  # most positions priced in one epoch
 TAIL = 1e-6  # the horizon stops where alpha^p falls below this
@@ -59,14 +60,15 @@ def commit_times(
     *,
     truncate_factor: float = 2.0,
     lookahead_drafts: int | None = None,
+    alpha: float = 1.0,
 ) -> list[float]:
-    """C(1..positions) of the mismatch-free schedule of one epoch (module docstring)."""
+    """C(1..positions) of the mismatch-free schedule of one epoch (module docstring); `alpha`
+    is what eager's preemption rule assumes of the draft at the step's position."""
     if pipeline not in ("async", "eager"):
         raise ValueError(f"no epoch model for pipeline {pipeline!r}")
     c, h = costs, costs.rtt / 2
     ahead = lookahead_drafts or lookahead(gamma, c)
     first = c.first_chunk
-    fixed_part = c.t_ar - c.decode_per_token  # eager preempts a step younger than this
     commit: list[float] = [0.0] * (positions + 1)  # commit[0]: the epoch's first token
     known = 0  # the device's view of the committed frontier
     drafted = 0  # positions drafted in this epoch
@@ -116,14 +118,17 @@ def commit_times(
         if step is not None or frontier >= positions:
             return
         end = max(waiting, default=0)
+        if pipeline == "eager" and free_step:  # free step first, before the waiting chunks
+            free_step = False
+            step = ("ar", now, now, frontier + 1)
+            push(now, "done", frontier + 1)
+            return
         waiting.clear()
         if end > frontier:
             n = end - frontier
             step = ("verify", now, now + c.t_ar + c.decode_per_token * n, end)
         elif pipeline == "eager":
-            cost = 0.0 if free_step else c.t_ar
-            free_step = False
-            step = ("ar", now, now + cost, frontier + 1)
+            step = ("ar", now, now + c.t_ar, frontier + 1)
         else:
             return
         push(step[2], "done", step[3])
@@ -145,7 +150,8 @@ def commit_times(
         elif kind == "arrive":
             waiting.append(value)
             if step is not None and step[0] == "ar" and value > step[3]:
-                if now - step[1] < fixed_part:  # preempt: the step's work is lost
+                threshold = preempt_threshold(c.t_ar, c.decode_per_token, alpha, value - frontier)
+                if now - step[1] < threshold:  # preempt: the step's work is lost
                     step = None
             cloud(now)
         elif kind == "done":
@@ -179,7 +185,7 @@ def rate(
             HORIZON, max(gamma + 1, math.ceil(math.log(TAIL) / math.log(max(alpha, 1e-9))))
         )
     times = commit_times(pipeline, gamma, costs, horizon, truncate_factor=truncate_factor,
-                         lookahead_drafts=lookahead_drafts)  # fmt: skip
+                         lookahead_drafts=lookahead_drafts, alpha=alpha)  # fmt: skip
     tokens = duration = 0.0
     for p, t in enumerate(times, start=1):
         weight = alpha ** (p - 1) * (1.0 - alpha) if p < horizon else alpha ** (p - 1)

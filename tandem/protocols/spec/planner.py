@@ -84,6 +84,18 @@ class Costs:
         )
 
 
+def preempt_threshold(t_ar: float, per_token: float, alpha: float, drafts: int) -> float:
+    """How long into an AR step a request with `drafts` drafts from the step's position may
+    arrive and still stop it with profit. Stopping loses the time run and verifies the step's
+    position with the drafts in one pass (t_ar + per_token * drafts); finishing commits that
+    position first, then verifies the rest. If the draft there matches (probability alpha),
+    stopping at `elapsed` commits everything t_ar - per_token - elapsed sooner; if it does
+    not, finishing commits that position elapsed + per_token * drafts sooner, and with it the
+    news that ends the chain. Stop iff alpha (t_ar - per_token - elapsed) > (1 - alpha)
+    (elapsed + per_token * drafts). alpha = 1 gives the old rule, elapsed < t_ar - per_token."""
+    return alpha * (t_ar - per_token) - (1.0 - alpha) * per_token * drafts
+
+
 def expected_length(alpha: float, gamma: int, *, bonus: bool = False) -> float:
     """Eq. 5 (one more power of alpha with a bonus token)."""
     terms = gamma + 1 if bonus else gamma

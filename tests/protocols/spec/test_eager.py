@@ -15,10 +15,20 @@ from tandem.config import SamplingConfig
 from tandem.errors import TandemError
 from tandem.protocols.local import generate
 from tandem.protocols.spec import SpecConfig, run_pair, wire
+from tandem.protocols.spec.cloud import serve_session
 from tandem.protocols.spec.device import DeviceSession
 from tandem.protocols.spec.eager import EagerDrafter, EagerVerifier
 from tandem.protocols.spec.verifier import Request
-from tandem.transport import End, LinkConfig, Start, VerifyRequest, control, memory_pair
+from tandem.transport import (
+    End,
+    LinkConfig,
+    Start,
+    TargetToken,
+    VerifyRequest,
+    VerifyResult,
+    control,
+    memory_pair,
+)
 
 from .fakes import TableLM
 
@@ -107,7 +117,9 @@ def test_the_ar_step_after_a_fully_accepted_pass_is_free_and_says_so():
     verifier = EagerVerifier(target, PROMPT, eager_config(), eos_id=None)
     verifier.prefill()
     truth = table_greedy(target, PROMPT, 5)
-    assert verifier.ar_step() == truth[0] and verifier.last_step_free  # the prefill's row
+    assert verifier.step_free  # the prefill's row is there
+    assert verifier.ar_step() == truth[0] and verifier.last_step_free
+    assert not verifier.step_free  # the token just drawn is pending: the next step is a pass
     assert verifier.ar_step() == truth[1] and not verifier.last_step_free
     rows = torch.zeros(2, 8)
     rows[0, truth[2]] = rows[1, truth[3]] = 1.0
@@ -116,9 +128,80 @@ def test_the_ar_step_after_a_fully_accepted_pass_is_free_and_says_so():
     result = verifier.verify(plan)
     assert result.num_accepted == 2 and not result.rejected
     passes = verifier.ctx.forward_passes
+    assert verifier.step_free
     assert verifier.ar_step() == truth[4] and verifier.last_step_free
     assert verifier.ctx.forward_passes == passes
     assert verifier.ar_step() is not None and not verifier.last_step_free
+
+
+def test_preemption_pays_only_for_live_drafts_and_weighs_the_chance_they_differ():
+    """worth_preempting (eager.py: *preempt*): never for a stale chain, a request with nothing
+    past the step's position, or one whose draft differs from a committed token (admit would
+    drop it); else below planner.preempt_threshold at the cloud's alpha, which the content
+    checks and verdicts teach."""
+    target = TableLM(8, "t")
+    verifier = EagerVerifier(target, PROMPT, eager_config(), eos_id=None)
+    verifier.prefill()
+    ar = [verifier.ar_step() for _ in range(2)]  # committed 0-1; the step at 2 is running
+    other = (ar[1] + 1) % 8
+    assert verifier.worth_preempting(0, 2, (5, 5), 10.0)  # nothing measured yet: preempt
+    verifier.note_pass(1, 0.072)
+    verifier.note_pass(5, 0.092)  # 5 ms a token beyond the first
+    live = (ar[0], ar[1], 5, 5, 5)  # drafts 0-4; 0-1 match, 2-4 live
+    assert verifier.alpha == 1.0
+    assert verifier.worth_preempting(0, 0, live, 0.066)  # < t_ar - per_token = 67 ms
+    assert not verifier.worth_preempting(0, 0, live, 0.068)
+    assert not verifier.worth_preempting(0, 0, (ar[0], other, 5), 0.0)  # dead on arrival
+    assert not verifier.worth_preempting(0, 1, (ar[1], 5), 0.0)  # nothing beyond position 2
+    verifier.alpha = 0.75  # 0.75 * 67 - 0.25 * 5 * 3 = 46.5 ms
+    assert verifier.worth_preempting(0, 0, live, 0.046)
+    assert not verifier.worth_preempting(0, 0, live, 0.047)
+    verifier.alpha = 1.0
+    assert verifier.admit(request(0, 0, (ar[0], ar[1]))).skipped == 2 and verifier.alpha == 1.0
+    assert verifier.admit(request(1, 0, (ar[0], other))).stale  # one match, one mismatch
+    assert verifier.alpha == pytest.approx(0.9)
+    assert not verifier.worth_preempting(1, 2, (5, 5), 0.0)  # the chain is dead now
+
+
+def test_the_cloud_takes_the_free_step_before_drafts_that_wait():
+    """Drafts for positions 0-2 arrive while the target prefills. The prefill's row makes the
+    step at position 0 free, so its token goes down first (a whole pass before the verdict on
+    the draft there would); the matching draft is skipped and drafts 1-2 verified in one pass
+    (eager.py: free step first)."""
+    target = TableLM(8, "t", step_delay_s=0.05)  # the prefill and a pass: 50 ms a token
+    draft = TableLM(8, "d", correlate_with=target, mix=1.0)  # drafts = the target's argmax
+    config = eager_config(codec="dense", max_new_tokens=4)
+    drafter = EagerDrafter(draft, PROMPT, config, eos_id=None)
+    drafter.prefill()
+    for _ in range(3):
+        drafter.draft_next()
+    chunk = drafter.take_chunk()
+
+    async def main():
+        device_channel, cloud_channel = memory_pair()
+        cloud = asyncio.create_task(serve_session(cloud_channel, target))
+        await device_channel.send(wire.start_message("spec", config.to_json(), PROMPT))
+        await device_channel.send(wire.request_message(1, chunk, config.codec))
+        down, committed = [], []
+        while len(committed) < 4:
+            msg = await device_channel.recv()
+            if isinstance(msg, TargetToken):
+                down.append(("token", msg.position))
+                committed.extend(wire.parse_token(msg)["tokens"])
+            elif isinstance(msg, VerifyResult):
+                position = wire.parse_result(msg)["position"]
+                down.append(("verdict", position))
+                committed.extend(int(t) for t in msg.arrays["tokens"][len(committed) - position :])
+        await device_channel.send(control.end(tuple(committed)))
+        stats = await cloud
+        await device_channel.close()
+        return down, committed, stats
+
+    down, committed, stats = asyncio.run(asyncio.wait_for(main(), 30))
+    assert down[0] == ("token", 0)  # before any verdict
+    assert ("verdict", 1) in down and committed == table_greedy(target, PROMPT, 4)
+    assert stats["skipped_drafts"] == 1 and stats["drafts_accepted"] == 2
+    assert stats["free_ar_steps"] == 2  # position 0 (the prefill's row), 3 (after the pass)
 
 
 def test_adopt_keeps_matching_drafts_and_restarts_after_a_mismatch():

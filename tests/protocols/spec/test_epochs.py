@@ -73,8 +73,21 @@ def test_eager_waits_for_the_step_when_preempting_would_not_pay():
     t_ar = cpu.t_ar  # 88 ms, all of it per-token work: the fixed part is 0
     # chunk [1] arrives at 47 ms, nothing past the step in flight; drafts 2..4 arrive at
     # 188 ms, 12 ms into the third step, which finishes (264 ms); then one pass over the
-    # fourth draft; drafts 5..8 have arrived meanwhile (376 ms): one pass over the four
-    assert times[:5] == pytest.approx([t_ar, 2 * t_ar, 3 * t_ar, 5 * t_ar, 10 * t_ar])
+    # fourth draft (440 ms); position 5 is free and goes first, though drafts 5..8 wait (free
+    # step first); then one pass over the pending token and drafts 6..8, position 9 free
+    steps = [1, 2, 3, 5, 5, 9, 9, 9, 9]
+    assert times[:9] == pytest.approx([k * t_ar for k in steps])
+
+
+def test_eager_finishes_the_step_when_the_draft_there_may_differ():
+    """The chunk of drafts 2..4 arrives 52 ms into the third AR step: below its fixed part
+    (67 ms), so it is preempted when every draft matches, but at alpha 0.75 the threshold is
+    0.75 * 67 - 0.25 * 5 * 2 = 47.75 ms: the step finishes, then the fourth draft is verified."""
+    t_ar = PAPER.t_ar
+    times = commit_times("eager", 4, PAPER, 8, alpha=0.75)
+    assert times[:3] == pytest.approx([t_ar, 2 * t_ar, 3 * t_ar])
+    assert times[3] == times[4] == pytest.approx(3 * t_ar + _pass(1))  # position 5 free
+    assert commit_times("eager", 4, PAPER, 8, alpha=1.0)[2] > 3 * t_ar  # preempted
 
 
 def test_rate_grows_with_agreement_and_the_lookahead_follows_the_rtt():
