@@ -93,6 +93,13 @@ def scheduling(
         help="Replay the live default: the side that does not aggregate resolves once it holds "
         "both drafts (off: the paper's protocol, it waits for the aggregator's verdict).",
     ),
+    seed: int = typer.Option(
+        0,
+        "--seed",
+        min=0,
+        help="Bootstrap, jitter and decode-time draws (0: the committed runs; another seed "
+        "replays other traces from the same recording).",
+    ),
     name: str = typer.Option("dragon_sched", "--name", help="Result file name (no suffix)."),
     quick: bool = typer.Option(False, "--quick", help="Tiny models, 10 traces (~1 min)."),
     device_cpus: str = DEVICE_CPUS,
@@ -110,7 +117,7 @@ def scheduling(
     config = SchedConfig(
         traces=traces, tokens=tokens, acceptance_ema=acceptance_ema,
         switch_margin_s=switch_margin, switch_horizon=switch_horizon,
-        recorded_rates=not zero_one_rates, lookahead=lookahead, mirror=mirror,
+        recorded_rates=not zero_one_rates, lookahead=lookahead, mirror=mirror, seed=seed,
     )  # fmt: skip
     questions = QUESTIONS
     if quick:

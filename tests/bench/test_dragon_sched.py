@@ -188,6 +188,11 @@ def test_cli_replays_a_recording_without_a_model(tmp_path):
     )
     assert eight.exit_code == 0, eight.output
     assert json.loads((tmp_path / "l8.json").read_text())["config"]["sim"]["lookahead"] == 8
+    seeded = CliRunner().invoke(app, [*args, "--seed", "1", "--name", "s1", "--out", str(tmp_path)])
+    assert seeded.exit_code == 0, seeded.output
+    other = json.loads((tmp_path / "s1.json").read_text())
+    assert other["config"]["seed"] == 1 and payload["config"]["seed"] == 0
+    assert other["summary"] != payload["summary"]  # other traces, jitter and decode draws
     bad = CliRunner().invoke(app, ["perplexity", "--split", "nope", "--out", str(tmp_path)])
     assert bad.exit_code != 0 and "split" in str(bad.exception)
 
