@@ -157,15 +157,25 @@ class EagerVerifier(Verifier):
         frontier = self.frontier
         if position + len(tokens) <= frontier + 1:
             return False  # nothing beyond the token being decoded: finishing it is free
-        for offset, token in enumerate(tokens[: max(0, frontier - position)]):
-            if self.committed[position + offset] != int(token):
-                return False  # dead on arrival: admit will drop it
+        if self._content_check(position, tokens, frontier)[1]:
+            return False  # dead on arrival: admit will drop it
         if not self._ar_s or not self._per_token_s:
             return True
         t_ar = sum(self._ar_s) / len(self._ar_s)
         per_token = sum(self._per_token_s) / len(self._per_token_s)
         live = position + len(tokens) - frontier  # drafts the pass would take
         return elapsed_s < preempt_threshold(t_ar, per_token, self.alpha, live)
+
+    def _content_check(
+        self, position: int, tokens: Sequence[int], frontier: int
+    ) -> tuple[int, bool]:
+        """(drafts from `position` at positions below `frontier` that equal the committed
+        tokens, whether the one after them differs: then the chain is dead)."""
+        below = tokens[: max(0, frontier - position)]
+        for offset, token in enumerate(below):
+            if self.committed[position + offset] != int(token):
+                return offset, True
+        return len(below), False
 
     def _note_drafts(self, matched: int, mismatched: int) -> None:
         """Drafts found equal to / different from the committed token (the alpha estimate)."""
@@ -189,19 +199,12 @@ class EagerVerifier(Verifier):
                 f"spec: eager request at position {request.position} beyond the cloud's "
                 f"frontier {self.frontier}"
             )
-        skip = 0
-        for offset, token in enumerate(request.drafts):
-            position = request.position + offset
-            if position >= self.frontier:
-                break
-            if self.committed[position] != token:
-                self.chain_dead = True
-                self.skipped += skip
-                self._note_drafts(skip, 1)
-                return Admission(verify=None, skipped=skip, stale=True)
-            skip += 1
+        skip, dead = self._content_check(request.position, request.drafts, self.frontier)
         self.skipped += skip
-        self._note_drafts(skip, 0)
+        self._note_drafts(skip, int(dead))
+        if dead:
+            self.chain_dead = True
+            return Admission(verify=None, skipped=skip, stale=True)
         rest = request.drafts[skip:]
         if not rest:
             return Admission(verify=None, skipped=skip, stale=False)
