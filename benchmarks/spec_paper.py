@@ -135,15 +135,18 @@ def build_traces(
     return traces
 
 
-def recorded_traces(path: Path, band: tuple[float, float] | None = None) -> dict[str, list[int]]:
-    """problem -> agreement list recorded in `path` (in its order), those in `band` if given."""
+def recorded_traces(
+    path: Path, band: tuple[float, float] | None = None, problems: int | None = None
+) -> dict[str, list[int]]:
+    """problem -> agreement list recorded in `path` (in its order), those in `band` if given,
+    the first `problems` of them if given."""
     if not path.exists():
         return {}
     recorded = json.loads(path.read_text()).get("draft_agreement_teacher_forced", {})
     traces = {task: list(map(int, v)) for task, v in recorded.items() if v}
     if band is not None:
         traces = {t: a for t, a in traces.items() if band[0] <= sum(a) / len(a) <= band[1]}
-    return traces
+    return dict(list(traces.items())[:problems]) if problems is not None else traces
 
 
 def _shown(path: Path) -> str:
@@ -251,13 +254,11 @@ def run(
         isolation="one process; emulated compute sleeps (SleepLM), no model runs on a core",
         shared=["event loop, sampling, codecs, link emulator"],
     )
-    recorded = recorded_traces(humaneval, band)
+    recorded = recorded_traces(humaneval, band, problems)  # the random sweep keeps its own count
     traces = build_traces(recorded, sweep, sweep_problems, band)
     if humaneval_trace_name(band) not in traces:
         console.print(f"[yellow]no acceptance traces in {humaneval}"
                       f"{f' with agreement in {band}' if band else ''}: agreement sweep only")  # fmt: skip
-    if problems:
-        traces = {k: v[:problems] for k, v in traces.items()}
     target, n, started = paper_target(), max_new_tokens, time.perf_counter()
     runs: list[dict] = []
     total = sum(len(v) for v in traces.values()) * len(rtts) * len(methods)

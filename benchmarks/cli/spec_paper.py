@@ -15,8 +15,12 @@ def spec_paper(
     sweep: list[float] = typer.Option(
         [0.7, 0.75, 0.8], "--sweep", help="Agreement of the random traces run beside HumanEval's."
     ),
-    problems: int = typer.Option(None, "--problems", help="HumanEval traces to use (default all)."),
-    sweep_problems: int = typer.Option(4, "--sweep-problems", min=1),
+    problems: int = typer.Option(
+        None, "--problems", min=1, help="Recorded HumanEval traces to use (default all)."
+    ),
+    sweep_problems: int = typer.Option(
+        4, "--sweep-problems", min=1, help="Random traces per agreement of --sweep."
+    ),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n", min=1),
     humaneval: Path = typer.Option(
         RESULTS / "humaneval.json", "--traces", help="tandem bench humaneval's JSON."

@@ -55,6 +55,19 @@ def test_a_band_keeps_the_recorded_problems_whose_agreement_lies_in_it(tmp_path)
     assert parse_band("0.7-0.8") == (0.7, 0.8) and parse_band(None) is None
 
 
+def test_problems_caps_the_recorded_traces_and_leaves_the_sweep_its_own_count(tmp_path):
+    path = tmp_path / "he.json"
+    recorded = {"a": [1, 0], "b": [1, 1], "c": [0, 1]}
+    path.write_text(json.dumps({"draft_agreement_teacher_forced": recorded}))
+    assert list(recorded_traces(path, problems=2)) == ["a", "b"]
+    assert list(recorded_traces(path, (0.9, 1.0), problems=1)) == ["b"]  # the band first
+    payload = run(out=tmp_path, humaneval=path, rtts=(20.0,), sweep=(0.5,), sweep_problems=2,
+                  problems=1, max_new_tokens=4, methods=("cloud-ar",))  # fmt: skip
+    per_trace = {t: {r["problem"] for r in payload["runs"] if r["trace"] == t} for t in
+                 ("humaneval", "random-0.5")}  # fmt: skip
+    assert per_trace == {"humaneval": {0}, "random-0.5": {0, 1}}
+
+
 @pytest.mark.parametrize("text", ["0.8", "a-b", "0.9-0.7", "0.5-1.5"])
 def test_a_bad_band_is_refused_with_a_message(text):
     with pytest.raises(TandemError, match="--band"):
