@@ -1,8 +1,9 @@
 """Where benchmark results go and how they are written: JSON (raw numbers + environment) and a
 PNG plot side by side under `benchmarks/results/`.
 
-Every JSON carries `environment` (this box, this process's cpu set, torch threads and load
-average when saved, and `code`: the git commit of the tandem that ran, and whether its tracked
+Every JSON carries `environment` (this box: its processor model and vector instruction sets,
+the llama.cpp build's kernels; this process's cpu set, torch threads and load average when
+saved, and `code`: the git commit of the tandem that ran, and whether its tracked
 files differed from it outside `benchmarks/results/`); a benchmark that runs a device and a
 cloud also passes `Machines`, which adds `machines`: each side's cpu set and engine threads,
 how the sides were kept apart, what each side saw of itself, and the load average before and
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from tandem.errors import TandemError
-from tandem.testbed.cpus import loadavg, machine_state, overlap
+from tandem.testbed.cpus import cpu_info, loadavg, machine_state, overlap
 
 
 def environment() -> dict[str, Any]:
@@ -33,12 +34,30 @@ def environment() -> dict[str, Any]:
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": platform.machine(),
         "processor": platform.processor(),
+        "cpu": cpu_info(),
+        "llama_cpp": llama_cpp_build(),
         "cpus": os.cpu_count(),
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
         "python": platform.python_version(),
         "this_process": machine_state(),
         "code": code_version(),
+    }
+
+
+def llama_cpp_build() -> dict[str, str] | None:
+    """llama-cpp-python's version and the kernels its build uses (llama.cpp's system info
+    line, e.g. "AVX2 = 1 | ..."); None where it is not installed."""
+    try:
+        import llama_cpp
+    except ImportError:
+        return None
+    info = llama_cpp.llama_print_system_info()
+    return {
+        "version": llama_cpp.__version__,
+        "system_info": (
+            info.decode(errors="replace") if isinstance(info, bytes) else str(info)
+        ).strip(" |"),
     }
 
 

@@ -5,7 +5,9 @@ Words used here:
   torch) use as many threads as the set has cores.
 - *role*: `device` or `cloud`. `plan()` splits the cores this process may use into one set per
   role: on a 2-core box device = core 0 and cloud = core 1; with one core both share it.
-- *machine state*: cpu set, thread counts and load average, saved beside every measurement.
+- *machine state*: cpu set, thread counts and load average, saved beside every measurement;
+  *cpu info*: the processor's model and the vector instruction sets it offers (figures from
+  boxes with and without AVX-512 differ by up to ~1.7x per token: never compare them apart).
 - *launcher*: `python -m tandem.testbed.cpus --cpus 0 -- CMD ...` pins itself, sets
   OMP_NUM_THREADS to the set's size and execs CMD (like `taskset -c 0`, no fork; affinity
   survives exec), so a process stands on its cores from its first instruction.
@@ -155,6 +157,43 @@ def engine_threads(lm) -> int:
     import torch
 
     return torch.get_num_threads()
+
+
+ISA_FLAGS = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
+             "avx512_bf16", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8")  # fmt: skip
+
+
+def parse_cpuinfo(text: str) -> dict:
+    """The first processor of a /proc/cpuinfo text: {"model", "mhz", "isa": the ISA_FLAGS it
+    has, in that order}; fields it lacks are None (or an empty list)."""
+    first: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            if first:
+                break
+            continue
+        key, _, value = line.partition(":")
+        first.setdefault(key.strip(), value.strip())
+    flags = set(first.get("flags", "").split())
+    mhz = first.get("cpu MHz")
+    try:
+        mhz_value = round(float(mhz), 1) if mhz else None
+    except ValueError:
+        mhz_value = None
+    return {
+        "model": first.get("model name"),
+        "mhz": mhz_value,
+        "isa": [f for f in ISA_FLAGS if f in flags],
+    }
+
+
+def cpu_info(path: str = "/proc/cpuinfo") -> dict:
+    """`parse_cpuinfo` of this box (model None where there is no /proc/cpuinfo)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as file:
+            return parse_cpuinfo(file.read())
+    except OSError:
+        return parse_cpuinfo("")
 
 
 def loadavg() -> list[float]:

@@ -18,6 +18,22 @@ def test_parse_cpus():
             cpus.parse_cpus(bad)
 
 
+def test_cpu_info_names_the_model_and_the_vector_sets_of_the_first_processor(tmp_path):
+    text = (
+        "processor\t: 0\nmodel name\t: AMD EPYC 9R14\ncpu MHz\t\t: 2600.004\n"
+        "flags\t\t: fpu sse2 avx avx2 fma f16c avx512f avx512bw avx512_vnni\n\n"
+        "processor\t: 1\nmodel name\t: other\nflags\t\t: fpu\n"
+    )
+    assert cpus.parse_cpuinfo(text) == {
+        "model": "AMD EPYC 9R14",
+        "mhz": 2600.0,
+        "isa": ["avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni"],
+    }
+    no_avx512 = text.replace(" avx512f avx512bw avx512_vnni", "")
+    assert cpus.parse_cpuinfo(no_avx512)["isa"] == ["avx", "avx2", "fma", "f16c"]
+    assert cpus.cpu_info(str(tmp_path / "missing")) == {"model": None, "mhz": None, "isa": []}
+
+
 def test_plan_splits_cores_in_order_and_shares_when_short():
     assert cpus.plan(cores=[0, 1]) == {"device": [0], "cloud": [1]}
     assert cpus.plan(cores=[4, 5, 6, 7]) == {"device": [4, 5], "cloud": [6, 7]}
