@@ -6,8 +6,9 @@ Words used here:
 - *role*: `device` or `cloud`. `plan()` splits the cores this process may use into one set per
   role: on a 2-core box device = core 0 and cloud = core 1; with one core both share it.
 - *machine state*: cpu set, thread counts and load average, saved beside every measurement;
-  *cpu info*: the processor's model and the vector instruction sets it offers (figures from
-  boxes with and without AVX-512 differ by up to ~1.7x per token: never compare them apart).
+  *cpu info*: the processor's model and the vector instruction sets it offers (the box has
+  changed between sessions, with AVX-512 and without, and a decode step's time with it by
+  2-2.7x: docs/network.md; never compare figures from different processors).
 - *launcher*: `python -m tandem.testbed.cpus --cpus 0 -- CMD ...` pins itself, sets
   OMP_NUM_THREADS to the set's size and execs CMD (like `taskset -c 0`, no fork; affinity
   survives exec), so a process stands on its cores from its first instruction.
