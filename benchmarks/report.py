@@ -47,12 +47,14 @@ def environment() -> dict[str, Any]:
 
 def llama_cpp_build() -> dict[str, str] | None:
     """llama-cpp-python's version and the kernels its build uses (llama.cpp's system info
-    line, e.g. "AVX2 = 1 | ..."); None where it is not installed."""
+    line, e.g. "AVX2 = 1 | ..."); None where it is not installed or does not load (a result
+    is saved either way)."""
     try:
         import llama_cpp
-    except ImportError:
+
+        info = llama_cpp.llama_print_system_info()
+    except (ImportError, OSError, AttributeError):
         return None
-    info = llama_cpp.llama_print_system_info()
     return {
         "version": llama_cpp.__version__,
         "system_info": (

@@ -32,6 +32,25 @@ def test_save_json_records_sets_threads_and_load_before_and_after(tmp_path):
     assert "machines" not in json.loads((tmp_path / "y.json").read_text())
 
 
+def test_a_llama_cpp_that_does_not_load_still_lets_the_result_be_saved(tmp_path, monkeypatch):
+    import sys
+    import types
+
+    from benchmarks.report import llama_cpp_build
+
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import raises ImportError
+    assert llama_cpp_build() is None
+
+    def no_library():
+        raise OSError("libllama.so: cannot open shared object file")
+
+    broken = types.SimpleNamespace(__version__="0", llama_print_system_info=no_library)
+    monkeypatch.setitem(sys.modules, "llama_cpp", broken)  # installed, its library won't load
+    assert llama_cpp_build() is None
+    save_json(tmp_path, "x", {})
+    assert json.loads((tmp_path / "x.json").read_text())["environment"]["llama_cpp"] is None
+
+
 def test_every_result_records_the_code_that_made_it(tmp_path):
     import subprocess
 
