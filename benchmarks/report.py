@@ -57,9 +57,7 @@ def llama_cpp_build() -> dict[str, str] | None:
         return None
     return {
         "version": llama_cpp.__version__,
-        "system_info": (
-            info.decode(errors="replace") if isinstance(info, bytes) else str(info)
-        ).strip(" |"),
+        "system_info": info.decode(errors="replace").strip(" |"),  # llama.cpp returns bytes
     }
 
 
