@@ -46,8 +46,8 @@ def environment() -> dict[str, Any]:
 
 
 def llama_cpp_build() -> dict[str, str] | None:
-    """llama-cpp-python's version and the kernels its build uses (llama.cpp's system info
-    line, e.g. "AVX2 = 1 | ..."); None where it is not installed or does not load (a result
+    """llama-cpp-python's version, the kernels its build uses (llama.cpp's system info
+    line, e.g. "AVX2 = 1 | ...") and the numerics mode of its models; None where it is not installed or does not load (a result
     is saved either way)."""
     try:
         import llama_cpp
@@ -58,6 +58,8 @@ def llama_cpp_build() -> dict[str, str] | None:
     return {
         "version": llama_cpp.__version__,
         "system_info": info.decode(errors="replace").strip(" |"),  # llama.cpp returns bytes
+        # $TANDEM_LLAMA_NUMERICS as this run saw it (the models' default, passed on to workers)
+        "numerics": os.environ.get("TANDEM_LLAMA_NUMERICS") or "default",
     }
 
 

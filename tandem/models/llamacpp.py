@@ -60,6 +60,18 @@ N_BATCH = 512  # tokens per llama_decode call (longer inputs are chunked)
 # single-token steps (docs/backends.md). Greedy speculative decoding therefore equals plain
 # greedy decoding except where the top two logits are nearer than that; the tests say so.
 BATCH_SHAPE_ERROR = 1.0  # the bound the tests hold llama.cpp to (measured maximum: 0.74)
+#
+# `numerics="invariant"` (or $TANDEM_LLAMA_NUMERICS=invariant) removes those differences: a
+# token's logits are then the same bit for bit whatever call it shares, so block verification
+# equals single-token AR (docs/backends.md). It takes flash attention on (its per-query kernel
+# does not depend on the batch below 64 query rows), no repacked weights (`use_extra_bufts`),
+# ggml's tiled K-quant matmul off (GGML_CPU_TILED_MM=0, read once per process, so it is set
+# before the first model runs), at most INVARIANT_CHUNK tokens per llama_decode call, and one
+# engine thread (with more, single-token attention splits the cache across threads once it
+# holds 512 cells). Cost measured here: decode steps 7-25% slower.
+NUMERICS = ("default", "invariant")
+INVARIANT_CHUNK = 32  # below ggml's flash-attention tile of 64 query rows
+_DECODED = False  # a llama_decode ran in this process: ggml has read GGML_CPU_TILED_MM by now
 
 
 def _lib() -> Any:
@@ -90,6 +102,27 @@ def _init_backend(lib: Any) -> None:
 
 
 _STRLEN = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").strlen
+
+
+def default_numerics() -> str:
+    """$TANDEM_LLAMA_NUMERICS, else "default" (`NUMERICS`)."""
+    value = os.environ.get("TANDEM_LLAMA_NUMERICS") or "default"
+    if value not in NUMERICS:
+        raise TandemError(f"TANDEM_LLAMA_NUMERICS={value!r}: choose one of {', '.join(NUMERICS)}")
+    return value
+
+
+def _invariant_kernels() -> None:
+    """Turn ggml's tiled K-quant matmul off for this process (it is batch-dependent)."""
+    if os.environ.get("GGML_CPU_TILED_MM") == "0":
+        return
+    if _DECODED:
+        raise TandemError(
+            "numerics='invariant' must be chosen before the first llama.cpp model runs in this "
+            "process (ggml reads GGML_CPU_TILED_MM once): set TANDEM_LLAMA_NUMERICS=invariant "
+            "in the environment instead"
+        )
+    os.environ["GGML_CPU_TILED_MM"] = "0"
 
 
 def default_threads() -> int:
@@ -129,15 +162,29 @@ class LlamaCppLM:
         threads: int | None = None,
         kv_type: str = "f16",
         flash_attn: bool = False,
+        numerics: str | None = None,  # NUMERICS; None: default_numerics()
     ):
+        numerics = numerics or default_numerics()
+        if numerics not in NUMERICS:
+            raise TandemError(f"numerics must be one of {', '.join(NUMERICS)}, not {numerics!r}")
+        invariant = numerics == "invariant"
+        if invariant and threads not in (None, 1):
+            raise TandemError(
+                f"numerics='invariant' is bit-exact with one engine thread only, not {threads}"
+            )
         lib = self._lib = _lib()
         _init_backend(lib)
         path = Path(path)
         if not path.is_file():
             raise TandemError(f"GGUF file not found: {path}")
+        if invariant:
+            _invariant_kernels()
         self.name, self.tokenizer, self.path = name, tokenizer, path
-        self.threads = threads or default_threads()
+        self.numerics = numerics
+        self.threads = 1 if invariant else threads or default_threads()
+        self._chunk = INVARIANT_CHUNK if invariant else N_BATCH
         mparams = lib.llama_model_default_params()
+        mparams.use_extra_bufts = not invariant  # repacked weights: batch-dependent kernels
         self._model = lib.llama_model_load_from_file(str(path).encode(), mparams)
         if not self._model:
             raise TandemError(f"llama.cpp cannot load {path} (truncated or not a GGUF model?)")
@@ -154,7 +201,7 @@ class LlamaCppLM:
             raise TandemError(f"kv_type must be one of {', '.join(types)}, not {kv_type!r}")
         # Off by default: measured slower here for every step and block at 4K-16K
         # (docs/rapid.md, rapid_steps.json). A quantized V cache needs it in llama.cpp.
-        flash_attn = flash_attn or kv_type != "f16"
+        flash_attn = flash_attn or kv_type != "f16" or invariant
         cparams.flash_attn_type = (
             lib.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else lib.LLAMA_FLASH_ATTN_TYPE_DISABLED
         )
@@ -188,6 +235,7 @@ class LlamaCppLM:
                 tail = f.read()
             identity = hashlib.sha256(head + tail + str(size).encode()).hexdigest()
         layout = self.kv_type + (":flash" if self.flash_attn and self.kv_type == "f16" else "")
+        layout += ":invariant" if self.numerics == "invariant" else ""
         digest = hashlib.sha256(f"llamacpp:{layout}:{identity}:".encode())  # KV files differ
         digest.update(self.tokenizer.fingerprint.encode())
         return digest.hexdigest()
@@ -236,13 +284,16 @@ class LlamaCppLM:
         items: list[tuple[int, int, int, bool]],  # (token, position, seq, wants logits)
         cancel: threading.Event | None,
     ) -> np.ndarray:  # [number of items that want logits, vocab] float32
-        """Decode `items` in chunks of N_BATCH; logits of the flagged items, in order."""
+        """Decode `items` in chunks of N_BATCH (INVARIANT_CHUNK with invariant numerics);
+        logits of the flagged items, in order."""
+        global _DECODED
+        _DECODED = True
         lib, batch = self._lib, self._batch
         out: list[np.ndarray] = []
         self._arm(cancel)
         try:
-            for start in range(0, len(items), N_BATCH):
-                chunk = items[start : start + N_BATCH]
+            for start in range(0, len(items), self._chunk):
+                chunk = items[start : start + self._chunk]
                 for i, (token, pos, seq, wants) in enumerate(chunk):
                     batch.token[i] = token
                     batch.pos[i] = pos

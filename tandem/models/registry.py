@@ -313,7 +313,7 @@ def load_model(
 
     `backend` (default: `default_backend()`) picks the engine for packaged models; tiny models
     and transformers directories always run on hf, `.gguf` files on llamacpp. `engine` options
-    (n_ctx, threads, kv_type, flash_attn) go to the llama.cpp backend.
+    (n_ctx, threads, kv_type, flash_attn, numerics) go to the llama.cpp backend.
     """
     from tandem.models.hf import HFCausalLM
 
