@@ -47,8 +47,8 @@ def environment() -> dict[str, Any]:
 
 def llama_cpp_build() -> dict[str, str] | None:
     """llama-cpp-python's version, the kernels its build uses (llama.cpp's system info
-    line, e.g. "AVX2 = 1 | ...") and the numerics mode of its models; None where it is not installed or does not load (a result
-    is saved either way)."""
+    line, e.g. "AVX2 = 1 | ...") and the numerics mode of its models; None where it is not
+    installed or does not load (a result is saved either way)."""
     try:
         import llama_cpp
 
