@@ -52,14 +52,16 @@ def llama_cpp_build() -> dict[str, str] | None:
     try:
         import llama_cpp
 
+        from tandem.models.llamacpp import default_numerics
+
         info = llama_cpp.llama_print_system_info()
     except (ImportError, OSError, AttributeError):
         return None
     return {
         "version": llama_cpp.__version__,
         "system_info": info.decode(errors="replace").strip(" |"),  # llama.cpp returns bytes
-        # $TANDEM_LLAMA_NUMERICS as this run saw it (the models' default, passed on to workers)
-        "numerics": os.environ.get("TANDEM_LLAMA_NUMERICS") or "default",
+        # the models' default as this run saw it ($TANDEM_LLAMA_NUMERICS, passed on to workers)
+        "numerics": default_numerics(),
     }
 
 

@@ -1,6 +1,6 @@
 """Run by test_invariant_numerics.py in a fresh process (llama.cpp's numerics are chosen once
-per process): prints one JSON line of what it measured. `python -m tests.models.invariant_probe
-{kernels|pair|late}`."""
+per process): prints one JSON line of what it measured.
+`python tests/models/invariant_probe.py {kernels|pair|late}`."""
 
 from __future__ import annotations
 
