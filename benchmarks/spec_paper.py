@@ -60,13 +60,20 @@ from tandem.protocols.spec.planner import Controller, Costs, throughput
 from tandem.transport import LinkConfig, memory_pair
 
 DRAFT_TOKEN_S, TARGET_BASE_S, TARGET_PER_TOKEN_S = 0.024, 0.067, 0.005
-METHODS = ("cloud-ar", "stop-and-wait", "picospec", "eager", "adaptive")
+METHODS = ("cloud-ar", "stop-and-wait", "picospec", "eager", "eager-branch", "adaptive")
 SETTINGS = {
     "stop-and-wait": {"pipeline": "sync", "codec": "separate"},
     "picospec": {"pipeline": "async", "codec": "separate", "fast_verify": True},
     "eager": {"pipeline": "eager", "codec": "dense"},
+    "eager-branch": {"pipeline": "eager", "codec": "dense", "branch_below": 0.5, "branch_len": 4},
 }
-MODEL_OF = {"cloud-ar": "ar", "stop-and-wait": "sync", "picospec": "async", "eager": "eager"}
+MODEL_OF = {
+    "cloud-ar": "ar",
+    "stop-and-wait": "sync",
+    "picospec": "async",
+    "eager": "eager",
+    "eager-branch": "eager",  # the models do not price branches
+}
 GAMMA = 4
 
 
@@ -100,6 +107,61 @@ class TraceDraftLM(SleepLM):
         return row
 
 
+class RankedTraceDraftLM(SleepLM):
+    """The draft from a *ranked* trace: per position (agree, rank, top): the draft orders the
+    vocabulary as the target does, except that where it disagrees the target's top token
+    sits at `rank` (1: the draft's second choice); its own top token gets probability `top`
+    (the rest decreasing). Greedy drafts are its top token; a branch takes its second."""
+
+    def __init__(self, target: SleepLM, trace: list[tuple[int, int, float]], prompt_len: int):
+        super().__init__(
+            f"ranked-draft-{id(trace)}",
+            vocab_size=target.vocab_size,
+            base_s=DRAFT_TOKEN_S - 0.002,
+            per_token_s=0.002,
+            prefill_s=0.040,
+        )
+        self.target, self.trace, self.prompt_len = target, trace, prompt_len
+
+    def row(self, context: tuple[int, ...]) -> torch.Tensor:  # [vocab]
+        agree, rank, top = self.trace[(len(context) - self.prompt_len) % len(self.trace)]
+        order = self.target.row(context).argsort(descending=True).tolist()
+        if not agree:
+            order.insert(min(max(1, rank), len(order) - 1), order.pop(0))
+        vocab = len(order)
+        second = min(0.9 * top, 0.6 * (1.0 - top))
+        rest = (1.0 - top - second) / (vocab - 2)
+        probs = [top, second] + [rest * (1.0 + 1e-3 * (vocab / 2 - k)) for k in range(vocab - 2)]
+        row = torch.empty(vocab)
+        row[torch.tensor(order)] = torch.tensor(probs).clamp_min(1e-12).log()
+        return row
+
+
+def ranked_pools(path: Path) -> dict[int, list[tuple[int, float]]]:
+    """The real pair's positions in `path` (humaneval-traces): agree (1) / disagree (0) ->
+    [(rank of the target's token in the draft's order, the draft's top probability)]."""
+    data = json.loads(path.read_text())
+    pools: dict[int, list[tuple[int, float]]] = {0: [], 1: []}
+    for task, agreement in data.get("draft_agreement_teacher_forced", {}).items():
+        ranks, tops = data["draft_rank"][task], data["draft_top_prob"][task]
+        for a, r, t in zip(agreement, ranks, tops, strict=True):
+            pools[int(a)].append((int(r), float(t)))
+    return pools
+
+
+def ranked_draw(
+    p: float, pools: dict[int, list[tuple[int, float]]], generator: torch.Generator
+) -> list[tuple[int, int, float]]:
+    """`exact_draw(p)`'s agreement, each position's (rank, top) drawn from the real pair's
+    positions with the same outcome."""
+    out = []
+    for agree in exact_draw(p, generator):
+        pool = pools[agree]
+        rank, top = pool[int(torch.randint(len(pool), (1,), generator=generator))]
+        out.append((agree, rank, top))
+    return out
+
+
 def paper_target() -> SleepLM:
     return SleepLM(
         "emulated-a100-target",
@@ -120,33 +182,63 @@ def load_traces(
 
 
 def build_traces(
-    recorded: dict[str, list[int]],
+    recorded: dict[str, list],
     sweep: tuple[float, ...],
     sweep_problems: int,
     band: tuple[float, float] | None,
+    pools: dict[int, list[tuple[int, float]]] | None = None,
 ) -> dict:
-    """The recorded traces (`recorded_traces`) under their name, then the random sweep."""
-    traces: dict[str, list[list[int]]] = {}
+    """The recorded traces (`recorded_traces`) under their name, then the sweep: random
+    traces, or with `pools` (`ranked_pools`) ranked ones ("ranked-p", `ranked_draw`)."""
+    traces: dict[str, list[list]] = {}
     if recorded:
         traces[humaneval_trace_name(band)] = list(recorded.values())
     generator = torch.Generator().manual_seed(15)
     for p in sweep:
-        traces[f"random-{p:g}"] = [exact_draw(p, generator) for _ in range(sweep_problems)]
+        if pools is None:
+            traces[f"random-{p:g}"] = [exact_draw(p, generator) for _ in range(sweep_problems)]
+        else:
+            traces[f"ranked-{p:g}"] = [
+                ranked_draw(p, pools, generator) for _ in range(sweep_problems)
+            ]
     return traces
 
 
 def recorded_traces(
-    path: Path, band: tuple[float, float] | None = None, problems: int | None = None
-) -> dict[str, list[int]]:
+    path: Path,
+    band: tuple[float, float] | None = None,
+    problems: int | None = None,
+    ranked: bool = False,
+) -> dict[str, list]:
     """problem -> agreement list recorded in `path` (in its order), those in `band` if given,
-    the first `problems` of them if given."""
+    the first `problems` of them if given; `ranked`: (agree, rank, top) per position instead
+    (a humaneval-traces file: `draft_rank`, `draft_top_prob`)."""
     if not path.exists():
         return {}
-    recorded = json.loads(path.read_text()).get("draft_agreement_teacher_forced", {})
-    traces = {task: list(map(int, v)) for task, v in recorded.items() if v}
+    data = json.loads(path.read_text())
+    recorded = data.get("draft_agreement_teacher_forced", {})
+    traces: dict[str, list] = {task: list(map(int, v)) for task, v in recorded.items() if v}
     if band is not None:
         traces = {t: a for t, a in traces.items() if band[0] <= sum(a) / len(a) <= band[1]}
-    return dict(list(traces.items())[:problems]) if problems is not None else traces
+    traces = dict(list(traces.items())[:problems]) if problems is not None else traces
+    if ranked:
+        if "draft_rank" not in data or "draft_top_prob" not in data:
+            raise TandemError(
+                f"--ranked needs draft_rank and draft_top_prob in {path}: record them with "
+                "tandem bench humaneval-traces"
+            )
+        traces = {
+            t: list(zip(a, data["draft_rank"][t], data["draft_top_prob"][t], strict=True))
+            for t, a in traces.items()
+        }
+    return traces
+
+
+def trace_draft(target: SleepLM, trace: list, prompt_len: int) -> SleepLM:
+    """The draft for a trace: ranked (tuples per position) or agreement only."""
+    if trace and isinstance(trace[0], tuple):
+        return RankedTraceDraftLM(target, trace, prompt_len)
+    return TraceDraftLM(target, trace, prompt_len)
 
 
 def _shown(path: Path) -> str:
@@ -228,6 +320,7 @@ def record(report) -> dict:
         "ttft_ms": s["ttft_ms"],
         "acceptance_rate": s["acceptance_rate"],
         "ar_tokens": report.cloud.get("ar_tokens", 0),
+        **({"branches": report.branches} if report.branches else {}),
         "tokens_list": report.tokens,
     }
 
@@ -244,8 +337,11 @@ def run(
     methods: tuple[str, ...] = METHODS,
     name: str = "spec_paper",
     band: tuple[float, float] | None = None,
+    ranked: bool = False,
 ) -> dict:
-    """Run every method at every RTT on every trace; save `name`.json / .png; print tables."""
+    """Run every method at every RTT on every trace; save `name`.json / .png; print tables.
+    `ranked`: the traces carry the real pair's ranks (`humaneval` must be a humaneval-traces
+    file): recorded ones their own, the sweep's resampled from them."""
     from tandem.testbed.cpus import role_cpus
 
     console = Console()
@@ -254,8 +350,9 @@ def run(
         isolation="one process; emulated compute sleeps (SleepLM), no model runs on a core",
         shared=["event loop, sampling, codecs, link emulator"],
     )
-    recorded = recorded_traces(humaneval, band, problems)  # the random sweep keeps its own count
-    traces = build_traces(recorded, sweep, sweep_problems, band)
+    recorded = recorded_traces(humaneval, band, problems, ranked)  # the sweep keeps its count
+    pools = ranked_pools(humaneval) if ranked else None
+    traces = build_traces(recorded, sweep, sweep_problems, band, pools)
     if humaneval_trace_name(band) not in traces:
         console.print(f"[yellow]no acceptance traces in {humaneval}"
                       f"{f' with agreement in {band}' if band else ''}: agreement sweep only")  # fmt: skip
@@ -273,7 +370,7 @@ def run(
                 controller = Controller(prior=calibrated_costs(rtt / 1e3), alpha=0.8)
                 for index, agreement in enumerate(agreements):
                     ids = target.tokenizer.encode(PROMPTS[index % len(PROMPTS)])
-                    draft = TraceDraftLM(target, agreement, len(ids))
+                    draft = trace_draft(target, agreement, len(ids))
                     for method in methods:
                         report, (chosen, gamma) = asyncio.run(
                             run_one(method, target=target, draft=draft, prompt_ids=ids,
@@ -294,12 +391,16 @@ def run(
                             "verify_4_ms": 1e3 * (TARGET_BASE_S + 4 * TARGET_PER_TOKEN_S)},
             "traces": {k: {"source": f"{_shown(humaneval)} draft_agreement_teacher_forced"
                            + (f", the problems with agreement in [{band[0]:g}, {band[1]:g}]" if band else "")
-                           if k == humaneval_trace_name(band) else "random traces, exactly round(p * 128) agreeing positions each (seed 15)",
+                           + (", with each position's draft_rank and draft_top_prob" if ranked else "")
+                           if k == humaneval_trace_name(band) else
+                           f"exactly round(p * 128) agreeing positions each (seed 15), each position's (rank, top prob) drawn from {_shown(humaneval)}'s positions with the same outcome"
+                           if ranked else "random traces, exactly round(p * 128) agreeing positions each (seed 15)",
                            "problems": len(v), "mean_agreement": mean_agreement(v),
                            **({"tasks": list(recorded)[: len(v)]}
                               if k == humaneval_trace_name(band) else {})}
                        for k, v in traces.items()},
             "methods": {m: SETTINGS.get(m, m) for m in methods},
+            "ranked": ranked,
             "draft_len": GAMMA,
             "max_new_tokens": n,
             "link": "in-process LinkConfig emulator, delay RTT/2 each way, 100 Mbit/s",
@@ -314,8 +415,8 @@ def run(
     return payload
 
 
-def mean_agreement(agreements: list[list[int]]) -> float:
-    flat = [a for seq in agreements for a in seq]
+def mean_agreement(agreements: list[list]) -> float:
+    flat = [a[0] if isinstance(a, tuple) else a for seq in agreements for a in seq]
     return sum(flat) / len(flat)
 
 

@@ -31,13 +31,32 @@ def spec_paper(
         help="Only the recorded problems whose agreement lies in LO-HI (e.g. 0.7-0.8): real "
         "traces at that agreement, beside the random ones.",
     ),
+    ranked: bool = typer.Option(
+        False,
+        "--ranked",
+        help="Traces with the real pair's ranks (needs --traces from humaneval-traces): where "
+        "the draft disagrees, the target's token keeps its real rank in the draft's order, so "
+        "branches can hold it; the sweep's traces ('ranked-P') resample the file's positions.",
+    ),
+    method: list[str] = typer.Option(
+        None,
+        "--method",
+        help="Methods to run (repeat; default all): cloud-ar, stop-and-wait, picospec, eager, "
+        "eager-branch, adaptive.",
+    ),
     name: str = typer.Option("spec_paper", "--name", help="Result file name (no extension)."),
     out: Path = typer.Option(RESULTS, "--out", help="Folder for JSON and PNG."),
 ) -> None:
     """Cloud AR, stop-and-wait, PicoSpec, eager and the adaptive controller side by side."""
-    from benchmarks.spec_paper import parse_band, run
+    from benchmarks.spec_paper import METHODS, parse_band, run
+    from tandem.errors import TandemError
 
+    unknown = sorted(set(method or ()) - set(METHODS))
+    if unknown:
+        raise TandemError(f"--method {', '.join(unknown)}: choose from {', '.join(METHODS)}")
     run(
+        ranked=ranked,
+        methods=tuple(m for m in METHODS if m in method) if method else METHODS,
         out=out,
         band=parse_band(band),
         humaneval=humaneval,

@@ -10,11 +10,15 @@ import torch
 
 from benchmarks.spec_paper import (
     METHODS,
+    RankedTraceDraftLM,
     TraceDraftLM,
+    build_traces,
     exact_draw,
     load_traces,
     paper_target,
     parse_band,
+    ranked_draw,
+    ranked_pools,
     recorded_traces,
     run,
 )
@@ -96,3 +100,55 @@ def test_tiny_run_writes_every_method_with_ratios(tmp_path):
             / next(r["throughput_tok_s"] for r in saved["table"] if r["method"] == "cloud-ar")
         )
         assert row["predicted_decode_tok_s"] > 0 and "speedup_vs_stop_and_wait" in row
+
+
+def test_a_ranked_draft_puts_the_targets_token_at_its_rank_with_the_given_confidence():
+    target = paper_target()
+    prompt = (1, 2, 3)
+    trace = [(1, 0, 0.9), (0, 1, 0.4), (0, 5, 0.2), (1, 0, 0.3), (0, 200, 0.6)]
+    draft = RankedTraceDraftLM(target, trace, len(prompt))
+    context = prompt
+    for agree, rank, top in trace:
+        row, best = draft.row(context), int(target.row(context).argmax())
+        order = row.argsort(descending=True).tolist()
+        assert order.index(best) == (0 if agree else min(rank, len(order) - 1))
+        assert float(torch.softmax(row, -1).max()) == pytest.approx(top, abs=1e-3)
+        context = context + (best,)
+
+
+def test_ranked_traces_come_from_a_humaneval_traces_file(tmp_path):
+    path = tmp_path / "t.json"
+    data = {"draft_agreement_teacher_forced": {"a": [1, 0, 1, 0]},
+            "draft_rank": {"a": [0, 1, 0, 3]}, "draft_top_prob": {"a": [0.9, 0.4, 0.8, 0.3]}}  # fmt: skip
+    path.write_text(json.dumps(data))
+    assert recorded_traces(path, ranked=True) == {
+        "a": [(1, 0, 0.9), (0, 1, 0.4), (1, 0, 0.8), (0, 3, 0.3)]
+    }
+    pools = ranked_pools(path)
+    assert pools == {0: [(1, 0.4), (3, 0.3)], 1: [(0, 0.9), (0, 0.8)]}
+    trace = ranked_draw(0.75, pools, torch.Generator().manual_seed(0))
+    assert len(trace) == 128 and sum(a for a, _, _ in trace) == 96
+    assert all((r, t) in pools[a] for a, r, t in trace)
+    traces = build_traces(recorded_traces(path, ranked=True), (0.75,), 2, None, pools)
+    assert list(traces) == ["humaneval", "ranked-0.75"] and len(traces["ranked-0.75"]) == 2
+    del data["draft_rank"]
+    path.write_text(json.dumps(data))
+    with pytest.raises(TandemError, match="--ranked needs draft_rank"):
+        recorded_traces(path, ranked=True)
+
+
+def test_branches_are_taken_on_ranked_traces_and_the_output_stays_the_targets(tmp_path):
+    """Second choices hold the target's token where the trace says rank 1: eager-branch
+    promotes branches there; every method's output is the target's greedy path."""
+    path = tmp_path / "t.json"
+    agree = [1, 1, 0, 1, 1, 1, 0, 1] * 3
+    data = {"draft_agreement_teacher_forced": {"p": agree},
+            "draft_rank": {"p": [0 if a else 1 for a in agree]},
+            "draft_top_prob": {"p": [0.9 if a else 0.3 for a in agree]}}  # fmt: skip
+    path.write_text(json.dumps(data))
+    payload = run(out=tmp_path, humaneval=path, rtts=(40.0,), sweep=(), max_new_tokens=20,
+                  methods=("eager", "eager-branch"), ranked=True)  # fmt: skip
+    assert len({tuple(r["tokens_list"]) for r in payload["runs"]}) == 1
+    branch = next(r for r in payload["runs"] if r["method"] == "eager-branch")
+    assert branch["branches"]["promoted"] > 0
+    assert payload["setup"]["ranked"] is True

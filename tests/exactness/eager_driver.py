@@ -4,6 +4,7 @@ built by tandem.protocols.spec.wire as over the network, no event loop, no clock
 
 A schedule is a string of events, repeated until the device has its output:
     d  the device drafts one token (if it may)       s  it sends its unsent drafts
+    b  the device drafts its open branch (if one is due) and sends it
     v  the cloud admits the oldest request and verifies what is left of it
     a  the cloud commits one token by itself (AR step) and sends it down
     r  the device adopts the oldest message from the cloud    R  every message waiting
@@ -35,9 +36,12 @@ from tandem.sampling.speculative import Verdict
 MAX_EVENTS = 2000
 
 
-def run_schedule(draft_lm, target_lm, prompt, config: SpecConfig, schedule: str, *, send_if=None):
+def run_schedule(
+    draft_lm, target_lm, prompt, config: SpecConfig, schedule: str, *, send_if=None, counts=None
+):
     """The output of one eager generation driven by `schedule` (module docstring).
-    `send_if(drafter)`: extra condition on "s" (a test plants a faulty one)."""
+    `send_if(drafter)`: extra condition on "s" (a test plants a faulty one); `counts`: a dict
+    that gets the branches promoted on each side added."""
     drafter = EagerDrafter(draft_lm, prompt, config, eos_id=None)
     verifier = EagerVerifier(target_lm, prompt, config, eos_id=None)
     drafter.prefill()
@@ -48,6 +52,9 @@ def run_schedule(draft_lm, target_lm, prompt, config: SpecConfig, schedule: str,
     for step in range(MAX_EVENTS):
         if drafter.done:
             assert verifier.committed[: drafter.frontier] == drafter.committed
+            if counts is not None:
+                counts["device"] = counts.get("device", 0) + drafter.branches["promoted"]
+                counts["cloud"] = counts.get("cloud", 0) + verifier.branches
             return tuple(drafter.committed)
         event = schedule[step % len(schedule)]
         if event == "d" and drafter.can_draft():
@@ -55,6 +62,9 @@ def run_schedule(draft_lm, target_lm, prompt, config: SpecConfig, schedule: str,
         elif event == "s" and drafter.unsent and (send_if is None or send_if(drafter)):
             seq += 1
             uplink.append(wire.request_message(seq, drafter.take_chunk(), config.codec))
+        elif event == "b" and drafter.branch_due():
+            seq += 1
+            uplink.append(wire.request_message(seq, drafter.draft_branch(), config.codec))
         elif event == "v" and uplink:
             request = wire.parse_request(
                 uplink.pop(0), codec_name=config.codec, codec=codec, vocab_size=target_lm.vocab_size

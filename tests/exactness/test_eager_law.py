@@ -68,11 +68,13 @@ def chain_law(target: SleepLM, length: int, vocab: int) -> dict[tuple[int, ...],
     return out
 
 
-def config(length: int, draft_len: int = 2, codec: str = "dense", seed: int = 0) -> SpecConfig:
+def config(
+    length: int, draft_len: int = 2, codec: str = "dense", seed: int = 0, **extra
+) -> SpecConfig:
     params = {"k": 3, "ell": 8} if codec == "k-sqs" else {}
     return SpecConfig(
         pipeline="eager", codec=codec, codec_params=params, draft_len=draft_len,
-        temperature=1.0, max_new_tokens=length, stop_at_eos=False, seed=seed,
+        temperature=1.0, max_new_tokens=length, stop_at_eos=False, seed=seed, **extra,
     )  # fmt: skip
 
 
@@ -133,26 +135,103 @@ def test_real_draws_follow_the_target_chain(schedule):
     assert_chi_square(found, law_vector)
 
 
-def test_timed_runs_follow_the_target_chain():
+@pytest.mark.parametrize("branch_below", [0.0, 1.0])
+def test_timed_runs_follow_the_target_chain(branch_below):
     """Both asyncio layers over a delayed link: which positions the cloud decodes by itself
-    depends on timing; the joint law of the first two tokens is the target chain's."""
+    depends on timing; the joint law of the first two tokens is the target chain's (with
+    branches at every draft too)."""
     vocab, length, runs = 4, 2, 400
+    extra = {"branch_below": branch_below, "branch_len": 1} if branch_below else {}
     draft, target = pair(vocab, mix=0.7)
     link = LinkConfig(delay_ms=1.0)
+
+    promoted = []
 
     async def many() -> list[tuple[int, ...]]:
         outs = []
         for seed in range(runs):
             report, _ = await run_pair(
                 device_lm=draft, cloud_lm=target, prompt_ids=PROMPT,
-                config=config(length, draft_len=1, seed=seed), link=link,
+                config=config(length, draft_len=1, seed=seed, **extra), link=link,
             )  # fmt: skip
             outs.append(tuple(report.tokens))
+            promoted.append(report.branches.get("promoted", 0))
         return outs
 
     found = torch.zeros(vocab**length, dtype=torch.int64)
     for first, second in asyncio.run(many()):
         found[first * vocab + second] += 1
+    assert (sum(promoted) > 0) == bool(branch_below)  # branches were taken, and only then
+    expected = chain_law(target, length, vocab)
+    law_vector = torch.tensor([expected[t] for t in itertools.product(range(vocab), repeat=2)])
+    assert_chi_square(found, law_vector)
+
+
+BRANCH_SCHEDULES = (
+    "dsbvR",  # a branch at every first draft, verified after its position
+    "dsbdsvvR",  # the chain goes on after the branch: a promoted branch makes it stale
+    "adsbvR",  # the cloud commits the position first: the branch is checked against it
+    "dsbaRvR",  # an AR token at the branch's position, adopted while drafts are in flight
+    "ddsbvaRvR",  # a branch after a two-draft chunk, AR steps between
+    "dsbvvaR",  # the branch verified at once after its position's rejection, then AR
+)
+
+
+@pytest.mark.parametrize("schedule", BRANCH_SCHEDULES)
+def test_enumerated_law_with_branches(schedule):
+    """Branches (eager.py, *branch*): drafted wherever the draft is unsure (here: always),
+    promoted when the committed token is the branch's; the law stays the target chain's."""
+    vocab, length = 3, 3
+    draft, target = pair(vocab)
+    cfg = config(length, branch_below=1.0, branch_len=1)
+    counts: dict = {}
+    found = law(lambda: run_schedule(draft, target, PROMPT, cfg, schedule, counts=counts))
+    assert abs(sum(found.values()) - 1.0) < 1e-9
+    assert max_gap(found, chain_law(target, length, vocab)) < 1e-5
+    # branches were taken by both sides (the cloud may not reach a branch the device took
+    # before the output is complete: the schedule stops there)
+    assert counts["device"] >= counts["cloud"] > 0
+
+
+def test_enumeration_catches_a_value_dependent_promotion(monkeypatch):
+    """Planted fault: both sides take the branch only when its first draft is token 0, else
+    the cloud decodes that position itself; the choice there then depends on the value drawn
+    there, and the law moves. (Taking a branch after the wrong token would not: its drafts are
+    still verified against the target, only less often accepted.)"""
+    from tandem.protocols.spec import eager
+
+    device_promotion = eager.EagerDrafter._promotion
+
+    def faulty_device(self, token):
+        branch = self.branch
+        if branch is None or not branch.drafts or branch.drafts[0].token != 0:
+            return None
+        return device_promotion(self, token)
+
+    def admit(self, request, _admit=eager.EagerVerifier.admit):
+        if request.fixed and (not request.drafts or request.drafts[0] != 0):
+            return eager.Admission(verify=None, skipped=0, stale=True)
+        return _admit(self, request)
+
+    monkeypatch.setattr(eager.EagerDrafter, "_promotion", faulty_device)
+    monkeypatch.setattr(eager.EagerVerifier, "admit", admit)
+    vocab, length = 3, 2
+    draft, target = pair(vocab)
+    cfg = config(length, branch_below=1.0, branch_len=1)
+    found = law(lambda: run_schedule(draft, target, PROMPT, cfg, "dsbvvaR"))
+    assert abs(sum(found.values()) - 1.0) < 1e-9
+    assert max_gap(found, chain_law(target, length, vocab)) > 1e-3
+
+
+def test_real_draws_with_branches_follow_the_target_chain():
+    """Fixed seeds, the real position generators, branches on: chi-square of the joint law."""
+    vocab, length = 5, 2
+    draft, target = pair(vocab, mix=0.7)
+    found = torch.zeros(vocab**length, dtype=torch.int64)
+    for seed in range(SAMPLES):
+        cfg = config(length, seed=seed, branch_below=1.0, branch_len=1)
+        tokens = run_schedule(draft, target, PROMPT, cfg, "dsbaRvR")
+        found[tokens[0] * vocab + tokens[1]] += 1
     expected = chain_law(target, length, vocab)
     law_vector = torch.tensor([expected[t] for t in itertools.product(range(vocab), repeat=2)])
     assert_chi_square(found, law_vector)

@@ -109,6 +109,7 @@ class CloudSession:
             "free_ar_steps": 0,  # eager: AR steps whose row a verification had computed
             "cancelled_ar_steps": 0,
             "skipped_drafts": 0,  # eager: drafts matching tokens already committed
+            "branches_promoted": 0,  # eager: branches taken as the next chain
         }
         self.output: list[int] = []
 
@@ -162,6 +163,7 @@ class CloudSession:
             for request in merge(requests):
                 admission = verifier.admit(request)
                 self.stats["skipped_drafts"] += admission.skipped
+                self.stats["branches_promoted"] = verifier.branches
                 if admission.stale:
                     self.stats["stale_requests"] += 1
                 if admission.verify is None:
@@ -182,9 +184,11 @@ class CloudSession:
         if self._ar_running is None or not isinstance(msg, VerifyRequest):
             return False
         meta = msg.arrays.get("meta")
-        epoch = int(meta[0]) if meta is not None and meta.shape == (3,) else 0
+        epoch, fixed = (
+            (int(meta[0]), int(meta[1])) if meta is not None and meta.shape == (3,) else (0, 0)
+        )
         elapsed = time.perf_counter() - self._ar_running
-        return self.verifier.worth_preempting(epoch, msg.position, msg.tokens, elapsed)
+        return self.verifier.worth_preempting(epoch, msg.position, msg.tokens, elapsed, fixed)
 
     async def _ar_step(self) -> None:
         """One eager AR step, preempted by a request that arrives meanwhile if that pays."""

@@ -25,6 +25,11 @@ Words used here:
   = one pass per token (context.py, *token calls*). At temperature 0 the output then equals
   the cloud's AR output bit for bit on llama.cpp too, where block passes differ from single
   steps by up to ~1 logit and near-ties can go the other way; it costs what the block saves.
+- *branch* (eager only, `branch_below` > 0): where the draft model's own law (softmax of its
+  row at temperature 1) puts less than `branch_below` on its top token, the device also drafts
+  `branch_len` tokens after the most likely token other than its draft there and sends them
+  as a conditional chain; if the cloud commits that token at that position, both sides take
+  the branch as the next chain, already at the cloud (eager.py, *branch*). 0 = off.
 - *position generator*: every random draw is made with a generator seeded from
   (seed, purpose, position), so the output does not depend on timing, chunking or the link.
 
@@ -70,6 +75,8 @@ class SpecConfig:
     tail: str = "paper"  # tail rule of RAPID's Eq. 9 (tandem.sampling.rapid)
     tail_ratio: float = 0.1
     verify_calls: str = "block"  # "token": the cloud feeds a block one token per pass
+    branch_below: float = 0.0  # eager: draft a branch where the draft's top prob is below this
+    branch_len: int = 4  # eager: drafts in a branch
 
     def __post_init__(self) -> None:
         checks = [
@@ -103,6 +110,12 @@ class SpecConfig:
                 "not separate or c-sqs",
             ),
             (self.pipeline != "eager" or self.eta == 0, "pipeline eager needs eta = 0"),
+            (0 <= self.branch_below <= 1, "branch_below must be in [0, 1] (0 = no branches)"),
+            (self.branch_len >= 1, "branch_len must be >= 1"),
+            (
+                self.branch_below == 0 or self.pipeline == "eager",
+                "branch_below > 0 needs pipeline eager (a branch becomes the cloud's next chain)",
+            ),
         ]
         for ok, message in checks:
             if not ok:

@@ -20,7 +20,8 @@ and is applied once the running draft step has returned or been cancelled.
   equal to it stay in flight, a different one stops the draft step in flight at once and
   restarts drafting after it (new epoch). With a
   `planner.Controller` the session re-plans each round: the block length, and whether to
-  draft at all (not drafting = the cloud's AR stream alone).
+  draft at all (not drafting = the cloud's AR stream alone). With branches (`branch_below`),
+  a draft that opens one is sent at once, then the branch is drafted and sent (eager.py).
 """
 
 from __future__ import annotations
@@ -125,6 +126,8 @@ class DeviceSession:
         self.report.uplink_bytes = self.channel.bytes_sent - up0
         self.report.downlink_bytes = self.channel.bytes_received - down0
         self.report.tokens = list(self.drafter.committed)
+        if self.eager and self.config.branch_below:
+            self.report.branches = dict(self.drafter.branches)
         self.report.text = self.lm.tokenizer.decode(self.report.tokens)
         return self.report
 
@@ -227,8 +230,8 @@ class DeviceSession:
         if self.controller is not None:
             self.controller.observe_drafts(outcome.num_accepted, int(outcome.rejected))
         self._note_committed(received)
-        if outcome.rejected:
-            self.machine.rejected(self.drafter.frontier)
+        if outcome.rejected:  # a promoted branch's drafts are this epoch's first chunk
+            self.machine.rejected(self.drafter.frontier + self.drafter.sent)
 
     def _note_committed(self, received: float) -> None:
         now = received - self._start  # known since it arrived (perhaps during the prefill)
@@ -260,16 +263,39 @@ class DeviceSession:
             return None
         return self.config.bit_budget - self.drafter.unsent_bits()
 
-    async def _send(self) -> None:
-        chunk = self.drafter.take_chunk()
+    async def _send(self, chunk=None) -> None:
+        """Send the unsent drafts (or `chunk`: a branch, outside the block schedule)."""
+        branch = chunk is not None
+        chunk = chunk if branch else self.drafter.take_chunk()
         self._seq += 1
         self._sent_at[self._seq] = time.perf_counter()
         self.report.drafts_sent += len(chunk.drafts)
         self.report.chunk_sizes.append(len(chunk.drafts))
         self._chunks[self._seq] = len(chunk.drafts)
         self.report.payload_bits += sum(8 * len(d.payload) for d in chunk.drafts)
-        self.machine.chunk_sent()
+        if not branch:
+            self.machine.chunk_sent()
         await self._send_message(wire.request_message(self._seq, chunk, self.config.codec))
+
+    async def _branch(self) -> None:
+        """Eager: a draft opened a branch. Send it (and the drafts before it) now, then draft
+        the branch and send it (eager.py: *branch*)."""
+        drafter = self.drafter
+        if drafter.unsent:
+            await self._send()
+        self._apply_ready()
+        if drafter.done or not drafter.branch_due():
+            return
+        drafter.cancel.clear()
+        start = time.perf_counter()
+        try:
+            chunk = await asyncio.to_thread(drafter.draft_branch)
+        except Cancelled:
+            self.report.cancelled_steps += 1
+            return
+        self.report.branch_s.append(time.perf_counter() - start)
+        if chunk is not None:
+            await self._send(chunk)
 
     async def _send_message(self, msg) -> None:
         """Send; if the channel is gone, raise what the cloud said before closing, if anything."""
@@ -325,6 +351,8 @@ class DeviceSession:
                 continue  # a rejection arrived: apply it, roll back, draft again
             if item is None and drafter.unsent:
                 await self._send()  # bit budget exhausted: the chunk is full
+            elif self.eager and drafter.branch is not None and not drafter.branch.sent:
+                await self._branch()
 
 
 async def run_device(

@@ -139,6 +139,16 @@ class Drafter:
         SQS-SD budget rule: stop drafting when the block's bits are exhausted)."""
         position = self.frontier + len(self.drafts)
         row = self.ctx.logits(cancel=self.cancel)[0]  # [vocab]
+        draft = self._draw(row, position, bits_left)
+        if draft is None:
+            return None
+        self.ctx.append([draft.token])
+        self.drafts.append(draft)
+        self._drafted(row, draft)
+        return draft
+
+    def _draw(self, row: torch.Tensor, position: int, bits_left: int | None) -> DraftItem | None:
+        """The draft at `position` from the draft model's `row` (None: over `bits_left`)."""
         draft_probs = warp(row, **self.config.law_sampling())
         generator = position_generator(self.config.seed, "draft", position)
         bits = None
@@ -154,7 +164,7 @@ class Drafter:
             token, sent_probs, payload = item.token, item.sent_probs, item.payload
             if self.config.augmented_greedy:  # the law goes up soft; the draft is its argmax
                 token = int(sent_probs.argmax())
-        draft = DraftItem(
+        return DraftItem(
             position=position,
             token=token,
             draft_probs=draft_probs,
@@ -163,9 +173,9 @@ class Drafter:
             draft_at=float(sent_probs[token]),
             bits=bits,
         )
-        self.ctx.append([token])
-        self.drafts.append(draft)
-        return draft
+
+    def _drafted(self, row: torch.Tensor, draft: DraftItem) -> None:
+        """Hook: `draft` was drafted from `row` (eager.EagerDrafter opens branches here)."""
 
     def take_chunk(self, max_tokens: int | None = None) -> Chunk:
         """The next unsent drafts (at most `max_tokens`) with any fixed tokens before them."""

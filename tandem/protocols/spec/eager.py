@@ -1,5 +1,9 @@
 """Pipeline "eager", "the cloud never idles": both sides' state objects (no I/O, no clocks).
 
+Why one file: the device's rules (adopt, branch, promote) and the cloud's (admit, promote,
+preempt) must decide the same things from the same tokens, and the exactness argument below
+covers both; split, each half would be read without the other.
+
 The async pipeline (PicoSpec) leaves the cloud idle from each rejection until the device's
 next drafts arrive: one round trip plus a draft step. Here the cloud fills every such gap by
 decoding on its own from its last committed token, and streams those tokens down as
@@ -42,6 +46,14 @@ committed. Words used here (as in drafter.py and verifier.py), and:
   shortens the verification by one; less by the chance, the cloud's running estimate alpha,
   that the draft at the step's position differs, when finishing would have told the device
   sooner). Timing only: it never changes what a position draws.
+- *branch* (`branch_below` > 0): where the draft model's own law (softmax of the row at
+  temperature 1) puts less than `branch_below` on its top token, the device, right after
+  drafting position t and sending it, drafts `branch_len` tokens after b, the most likely
+  token other than its draft d_t, and sends them as a request of epoch e + 1 whose one fixed
+  token is b at t. If chain e dies at t with b committed there (a residual or an AR token),
+  both sides take the branch as chain e + 1 (*promote*): its drafts are at the cloud already,
+  so the rejection costs no round trip; else the branch is stale. The drafts are those a new
+  chain after b would draft (same law, same generator ("draft", p)): timing only.
 
 Exactness (the output law is the target's). The cloud commits each position t exactly once,
 by (a) an AR step: x_t ~ target(. | x_<t) drawn with generator ("verify", t); or (b) verifying
@@ -57,7 +69,11 @@ counts, never on token values), on everything at positions < t, and on the laws 
 size under a bit budget), never on the values drawn at t: the draft at t is made with the
 same generator in every chain, the cloud's AR step at t is preempted before it samples (the
 choice to preempt reads only drafts and committed tokens before t and the acceptance seen
-there, the estimate alpha), and the position's "verify" generator is used once. The chain
+there, the estimate alpha), and the position's "verify" generator is used once. A branch
+changes no draw either: whether one is drafted depends on the law at t (not on a value drawn
+there), its size is fixed, it is sent after d_t and admitted after t is committed, and whether
+it is promoted depends on the token committed at t, an earlier position than any it covers.
+The chain
 rule over t then gives the target's joint law; at temperature 0 both branches are the
 target's argmax, so the output is its greedy decoding. tests/exactness/test_eager_law.py
 enumerates the law for fixed schedules of the state objects and checks the real runs by
@@ -67,10 +83,13 @@ chi-square.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+
+import torch
 
 from tandem.errors import TandemError
-from tandem.protocols.spec.drafter import Drafter, Outcome
+from tandem.models.base import Cancelled
+from tandem.protocols.spec.drafter import Chunk, Drafter, DraftItem, Outcome
 from tandem.protocols.spec.planner import preempt_threshold
 from tandem.protocols.spec.verifier import Request, Result, Verifier
 from tandem.sampling.seeds import sample_at
@@ -97,6 +116,8 @@ class EagerVerifier(Verifier):
             raise TandemError("spec: EagerVerifier needs pipeline eager")
         self.chain_epoch = 0
         self.chain_dead = False
+        self.died_at: int | None = None  # the position where the current chain died
+        self.branches = 0  # branches promoted (*branch*)
         self.ar_steps = 0  # tokens committed by AR steps
         self.last_step_free = False  # the last AR step ran no forward pass (its row was there)
         self.skipped = 0  # drafts skipped by the content check
@@ -144,7 +165,7 @@ class EagerVerifier(Verifier):
             ]
 
     def worth_preempting(
-        self, epoch: int, position: int, tokens: Sequence[int], elapsed_s: float
+        self, epoch: int, position: int, tokens: Sequence[int], elapsed_s: float, fixed: int = 0
     ) -> bool:
         """Whether a request (epoch, drafts `tokens` from `position`) that arrives `elapsed_s`
         into the AR step at the frontier should stop it (*preempt*). Not when `admit` would
@@ -153,6 +174,8 @@ class EagerVerifier(Verifier):
         one emulated generation at 0.75 / RTT 100 the content check took the AR steps stopped
         from 32 of 56 to 27, the threshold at alpha then to 13 of 69)."""
         if epoch < self.chain_epoch or (epoch == self.chain_epoch and self.chain_dead):
+            return False
+        if fixed and not self._promotable(epoch, position, tokens[:fixed]):
             return False
         frontier = self.frontier
         if position + len(tokens) <= frontier + 1:
@@ -182,16 +205,36 @@ class EagerVerifier(Verifier):
         for outcome in [1.0] * matched + [0.0] * mismatched:
             self.alpha += ALPHA_WEIGHT * (outcome - self.alpha)
 
+    def _promotable(self, epoch: int, position: int, fixed: Sequence[int]) -> bool:
+        """Whether a branch (epoch, one fixed token at `position`) is the next chain: the
+        current chain died at `position` with that token committed there (*branch*)."""
+        return (
+            len(fixed) == 1
+            and epoch == self.chain_epoch + 1
+            and self.chain_dead
+            and self.died_at == position < self.frontier
+            and self.committed[position] == int(fixed[0])
+        )
+
+    def _died(self, position: int) -> None:
+        self.chain_dead, self.died_at = True, position
+
     def admit(self, request: Request) -> Admission:
         """Chain and content checks (module docstring); no model work."""
-        if request.fixed:
-            raise TandemError("spec: eager requests carry no fixed tokens")
+        if request.fixed:  # a branch: the next chain if the current one died at its token
+            if len(request.fixed) != 1:
+                raise TandemError("spec: an eager request carries at most one fixed token")
+            if not self._promotable(request.epoch, request.position, request.fixed):
+                return Admission(verify=None, skipped=0, stale=True)
+            self.chain_epoch, self.chain_dead, self.died_at = request.epoch, False, None
+            self.branches += 1
+            request = replace(request, position=request.position + 1, fixed=())
         if request.epoch < self.chain_epoch or (
             request.epoch == self.chain_epoch and self.chain_dead
         ):
             return Admission(verify=None, skipped=0, stale=True)
         if request.epoch > self.chain_epoch:
-            self.chain_epoch, self.chain_dead = request.epoch, False
+            self.chain_epoch, self.chain_dead, self.died_at = request.epoch, False, None
         if self.done:
             return Admission(verify=None, skipped=0, stale=False)
         if request.position > self.frontier:
@@ -203,7 +246,7 @@ class EagerVerifier(Verifier):
         self.skipped += skip
         self._note_drafts(skip, int(dead))
         if dead:
-            self.chain_dead = True
+            self._died(request.position + skip)
             return Admission(verify=None, skipped=skip, stale=True)
         rest = request.drafts[skip:]
         if not rest:
@@ -221,13 +264,104 @@ class EagerVerifier(Verifier):
     def verify(self, request: Request) -> Result:
         result = super().verify(request)
         self._note_drafts(result.num_accepted, int(result.rejected))
-        if result.rejected:
-            self.chain_dead = True  # a committed token differs from this chain's draft
+        if result.rejected:  # a committed token differs from this chain's draft
+            self._died(result.position + result.num_accepted)
         return result
+
+
+@dataclass
+class Branch:
+    """A conditional chain (*branch*): drafts after `token` at `position`, for `epoch` + 1."""
+
+    epoch: int  # the chain it branches from
+    position: int
+    token: int
+    drafts: list[DraftItem] = field(default_factory=list)
+    sent: bool = False
 
 
 class EagerDrafter(Drafter):
     """Device state for one eager generation: a Drafter that adopts committed tokens."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.branch: Branch | None = None  # at most one open at a time
+        self.branches = {"opened": 0, "sent": 0, "promoted": 0}
+
+    def _drafted(self, row: torch.Tensor, draft: DraftItem) -> None:
+        """Open a branch at `draft`'s position if the draft model's own law is unsure there
+        (*branch*). Reads the law and the draft's token only for which token to branch on:
+        whether to branch never depends on the value drawn."""
+        below, end = self.config.branch_below, self.config.max_new_tokens
+        if not below or self.branch is not None or draft.position + 1 >= end:
+            return
+        top = torch.softmax(row.double(), dim=-1).topk(2)
+        if float(top.values[0]) >= below:
+            return
+        first, second = (int(i) for i in top.indices)
+        self.branch = Branch(self.epoch, draft.position, second if first == draft.token else first)
+        self.branches["opened"] += 1
+
+    def branch_due(self) -> bool:
+        """An open branch waits to be drafted, its position's draft already sent."""
+        self._prune_branch()
+        branch = self.branch
+        return (
+            branch is not None and not branch.sent and branch.position < self.frontier + self.sent
+        )
+
+    def draft_branch(self) -> Chunk | None:
+        """Draft the open branch (`branch_len` forward passes, preemptible through `cancel`)
+        and return its request (epoch + 1, the branch token fixed at its position); None if
+        it has nothing to draft. The draft model's sequence is as before afterwards."""
+        branch = self.branch
+        if branch is None or not self.branch_due():
+            return None
+        keep = [d.token for d in self.drafts[branch.position - self.frontier :]]
+        end = min(branch.position + 1 + self.config.branch_len, self.config.max_new_tokens)
+        self.ctx.truncate(branch.position)
+        self.ctx.append([branch.token])
+        try:
+            for position in range(branch.position + 1, end):  # a fixed count: timing only
+                item = self._draw(self.ctx.logits(cancel=self.cancel)[0], position, None)
+                self.ctx.append([item.token])
+                branch.drafts.append(item)
+        except Cancelled:
+            self.branch = None
+            raise
+        finally:
+            self.ctx.truncate(branch.position)
+            self.ctx.append(keep)
+        branch.sent = True
+        self.branches["sent"] += 1
+        return Chunk(
+            epoch=branch.epoch + 1,
+            position=branch.position,
+            fixed=(branch.token,),
+            drafts=tuple(branch.drafts),
+            final=False,
+        )
+
+    def _prune_branch(self) -> None:
+        """Drop a branch whose chain or position is gone."""
+        branch = self.branch
+        if branch is not None and (branch.epoch != self.epoch or branch.position < self.frontier):
+            self.branch = None
+
+    def _promotion(self, token: int) -> Branch | None:
+        """The sent branch that `token`, committed at the frontier against the draft there,
+        makes the next chain (*promote*), or None."""
+        branch = self.branch
+        if (
+            branch is None
+            or not branch.sent
+            or (branch.epoch, branch.position, branch.token) != (self.epoch, self.frontier, token)
+            or not self.drafts
+        ):
+            return None
+        self.branch = None
+        self.branches["promoted"] += 1
+        return branch
 
     def contradicts(self, position: int, tokens: tuple[int, ...] | list[int]) -> bool:
         """Whether a committed token from `position` differs from this side's draft at its
@@ -257,6 +391,7 @@ class EagerDrafter(Drafter):
                 self.committed.append(token)
                 matched += 1
             else:
+                promoted = self._promotion(token)
                 if self.drafts:  # the cloud's token differs from the draft here: new chain
                     rollback = True
                     self._codec_backtrack(self.drafts[0])
@@ -266,6 +401,10 @@ class EagerDrafter(Drafter):
                 self.ctx.truncate(self.frontier)
                 self.committed.append(token)
                 self.ctx.append([token])
+                if promoted is not None:  # the branch is the new chain, at the cloud already
+                    self.drafts, self.sent = list(promoted.drafts), len(promoted.drafts)
+                    self.ctx.append([d.token for d in promoted.drafts])
+        self._prune_branch()
         self._trim_to_stop()
         return Outcome(
             committed=tuple(self.committed[start:]),

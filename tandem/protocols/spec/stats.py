@@ -51,6 +51,8 @@ class SpecReport:
     chunk_sizes: list[int] = field(default_factory=list)  # drafts per request, in order
     cancelled_steps: int = 0  # draft steps preempted by a rejection (interrupt)
     truncated_chunks: int = 0  # partial blocks sent by latency-aware truncation
+    branches: dict = field(default_factory=dict)  # eager branches: opened, sent, promoted
+    branch_s: list[float] = field(default_factory=list)  # drafting each branch (all its steps)
     cloud: dict = field(default_factory=dict)  # the cloud's own measurements
     docs: list[str] = field(default_factory=list)  # private-spec: this side's retrieved chunks
 
@@ -88,6 +90,7 @@ class SpecReport:
             if self.drafts_sent
             else 0.0,
             "device_prefill_ms": 1e3 * self.device_prefill_s,
+            **({"branches": dict(self.branches)} if self.branches else {}),
         }
 
     def headline(self) -> Headline:

@@ -7,8 +7,9 @@ the mapping).
     ready (cloud -> device)        Ready: body {model, prefill_s}
     verify request                 VerifyRequest: position of tokens[0], tokens = fixed + drafts,
                                    codec, distributions = one payload per draft (none under
-                                   separate rejection), arrays: meta = int64 [epoch, num_fixed,
-                                   final], draft_at = float32 [drafts] (separate only)
+                                   separate rejection; an empty one per fixed token before
+                                   them: an eager branch), arrays: meta = int64 [epoch,
+                                   num_fixed, final], draft_at = float32 [drafts] (separate only)
     verdict (the interrupt)        VerifyResult: position of the first draft, num_accepted,
                                    next_token (-1: none), payload = top-K target row with codec
                                    "top-k" (separate rejection), arrays: meta = int64 [epoch,
@@ -63,8 +64,8 @@ def request_message(seq: int, chunk: Chunk, codec_name: str) -> VerifyRequest:
     if codec_name == SEPARATE:
         arrays["draft_at"] = np.array([d.draft_at for d in chunk.drafts], dtype=np.float32)
         payloads: tuple[bytes, ...] = ()
-    else:
-        payloads = tuple(d.payload for d in chunk.drafts)
+    else:  # the transport wants one per token: fixed tokens (an eager branch's) get none
+        payloads = (b"",) * len(chunk.fixed) + tuple(d.payload for d in chunk.drafts)
     return VerifyRequest(
         seq=seq,
         position=chunk.position,
@@ -97,9 +98,9 @@ def parse_request(
             raise ValueError("draft_at outside (0, 1]")
         rows = sparse_draft_rows(torch.tensor(drafts), values, vocab_size)
     elif drafts:
-        if len(msg.distributions) != len(drafts):
+        if len(msg.distributions) != len(tokens) or any(msg.distributions[:num_fixed]):
             raise ValueError("verify request without one distribution per draft")
-        rows = torch.stack([codec.decode(p, vocab_size) for p in msg.distributions])
+        rows = torch.stack([codec.decode(p, vocab_size) for p in msg.distributions[num_fixed:]])
         at = rows.gather(1, torch.tensor(drafts).view(-1, 1))
         if not bool((at > 0).all()):
             raise ValueError("a draft token is outside its sent distribution's support")
