@@ -51,7 +51,11 @@ def run(
     docs: int = typer.Option(2, "--docs", help="dragon, private-spec: documents per side."),
     rows: str = typer.Option(CLI_ROWS, "--rows", help="dragon: " + ROWS_HELP),
     scorer: str = typer.Option(CLI_SCORER, "--scorer", help="dragon: " + SCORER_HELP),
-    pipeline: str = typer.Option("async", "--pipeline", help="sync (stop-and-wait) or async."),
+    pipeline: str = typer.Option(
+        "async",
+        "--pipeline",
+        help="sync (stop-and-wait), async (PicoSpec) or eager (the cloud decodes while it waits).",
+    ),
     codec: str = typer.Option(
         None,
         "--codec",
@@ -67,6 +71,13 @@ def run(
     downlink_k: int = typer.Option(10, "--downlink-k", help="separate: target top-K sent down."),
     fast_verify: bool = typer.Option(True, "--fast-verify/--no-fast-verify"),
     truncate_factor: float = typer.Option(2.0, "--truncate-factor", help="0 = no truncation."),
+    branch_below: float = typer.Option(
+        0.0,
+        "--branch-below",
+        help="eager: also draft a branch on the second choice where the draft model's top "
+        "probability is below this (0 = off).",
+    ),
+    branch_len: int = typer.Option(4, "--branch-len", help="eager: drafts per branch."),
     verify_calls: str = typer.Option(
         "block",
         "--verify-calls",
@@ -139,7 +150,7 @@ def run(
         draft_len=draft_len, bit_budget=bit_budget, downlink_k=downlink_k,
         fast_verify=fast_verify, first_chunk=1, truncate_factor=truncate_factor,
         verify_calls=verify_calls, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-        max_new_tokens=max_new_tokens,
+        max_new_tokens=max_new_tokens, branch_below=branch_below, branch_len=branch_len,
     )  # fmt: skip
     torch.set_num_threads(threads)
     lm = load_model(model)
@@ -160,7 +171,8 @@ def run(
         mode=mode, cloud=f"{host}:{port}", delay=delay, pipeline=pipeline, codec=codec,
         codec_params=config.codec_params, corpus=corpus, docs=docs, eta=eta, draft_len=draft_len, bit_budget=bit_budget,
         downlink_k=downlink_k, fast_verify=fast_verify, truncate_factor=truncate_factor,
-        verify_calls=verify_calls, threads=threads,
+        verify_calls=verify_calls, threads=threads, branch_below=branch_below,
+        branch_len=branch_len,
     ))  # fmt: skip
     backend = build_backend(settings, lm, secret=secret)
     backend.fallback = fallback
@@ -204,7 +216,7 @@ def serve(
     ),
     strategy: str = typer.Option(None, help="dragon: aggregator strategy [dragon]."),
     docs: int = typer.Option(None, "--docs", help="dragon: documents per side [2]."),
-    pipeline: str = typer.Option(None, "--pipeline", help="spec: sync or async [async]."),
+    pipeline: str = typer.Option(None, "--pipeline", help="spec: sync, async or eager [async]."),
     codec: str = typer.Option(None, "--codec", help="spec: uplink codec [dense]."),
     eta: float = typer.Option(None, "--eta", help="private-spec: draft pull on the cloud [4]."),
     codec_param: list[str] = typer.Option([], "--codec-param", help="NAME=VALUE, e.g. k=8."),
@@ -216,6 +228,10 @@ def serve(
     verify_calls: str = typer.Option(
         None, "--verify-calls", help="spec: block or token (AR-identical, slower) [block]."
     ),
+    branch_below: float = typer.Option(
+        None, "--branch-below", help="eager: branch where the draft's top prob is below [0: off]."
+    ),
+    branch_len: int = typer.Option(None, "--branch-len", help="eager: drafts per branch [4]."),
     max_context: int = typer.Option(None, "--max-context", help="Prompt + completion [4096]."),
     max_tokens: int = typer.Option(None, "--max-tokens", help="Largest max_tokens [1024]."),
     default_max_tokens: int = typer.Option(None, help="max_tokens when a request has none."),

@@ -51,7 +51,7 @@ class DeviceServeSettings(_Section):
     corpus: str | None = None  # dragon, private-spec: the device's private corpus
     strategy: str = "dragon"  # dragon: aggregator strategy
     docs: int = Field(2, ge=1)  # dragon, private-spec: documents per side
-    pipeline: Literal["sync", "async"] = "async"  # spec
+    pipeline: Literal["sync", "async", "eager"] = "async"  # spec
     codec: str | None = None  # spec: uplink codec (None: dense; private-spec: k-sqs K=3)
     eta: float | None = Field(None, ge=0.0)  # private-spec: knowledge transfer (None: 4)
     codec_params: dict[str, int | float] = Field(default_factory=dict)  # k=8 stays an int
@@ -63,6 +63,8 @@ class DeviceServeSettings(_Section):
     fast_verify: bool = True
     truncate_factor: float = Field(2.0, ge=0.0)
     verify_calls: Literal["block", "token"] = "block"  # "token": the cloud verifies AR-shaped
+    branch_below: float = Field(0.0, ge=0.0, le=1.0)  # eager: branch where the draft is unsure
+    branch_len: int = Field(4, ge=1)  # eager: drafts per branch
     max_context: int = Field(4096, ge=16)  # prompt + completion tokens, at most
     max_tokens: int = Field(1024, ge=1)  # the largest `max_tokens` a request may ask for
     default_max_tokens: int = Field(256, ge=1)  # when a request gives none

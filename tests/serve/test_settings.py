@@ -160,5 +160,7 @@ def test_modes_and_spec_defaults_come_from_the_protocols():
         "fast_verify",
         "truncate_factor",
         "verify_calls",
+        "branch_below",
+        "branch_len",
     ):
         assert getattr(device, knob) == getattr(spec, knob), knob

@@ -214,6 +214,8 @@ class SpecSettings:
     fast_verify: bool = True
     truncate_factor: float = 2.0
     verify_calls: str = "block"
+    branch_below: float = 0.0
+    branch_len: int = 4
 
 
 class CloudBackend:
@@ -302,7 +304,8 @@ class SpecBackend(CloudBackend):
             pipeline=spec.pipeline, codec=spec.codec, codec_params=spec.codec_params,
             draft_len=spec.draft_len, bit_budget=spec.bit_budget, downlink_k=spec.downlink_k,
             fast_verify=spec.fast_verify, truncate_factor=spec.truncate_factor,
-            verify_calls=spec.verify_calls, temperature=params.temperature,
+            verify_calls=spec.verify_calls, branch_below=spec.branch_below,
+            branch_len=spec.branch_len, temperature=params.temperature,
             top_p=params.top_p, top_k=params.top_k, seed=params.seed,
             max_new_tokens=params.max_tokens, first_chunk=1,
         )  # fmt: skip

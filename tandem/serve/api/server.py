@@ -93,6 +93,7 @@ def build_backend(settings: DeviceServeSettings, lm, *, secret=None) -> Backend:
             draft_len=settings.draft_len, bit_budget=settings.bit_budget,
             downlink_k=settings.downlink_k, fast_verify=settings.fast_verify,
             truncate_factor=settings.truncate_factor, verify_calls=settings.verify_calls,
+            branch_below=settings.branch_below, branch_len=settings.branch_len,
         )  # fmt: skip
         backend = SpecBackend(lm, host=host, port=port, transport=transport, spec=spec)
         backend.config(GenParams(max_tokens=1))  # check the settings now, not per request

@@ -336,9 +336,11 @@ def test_tiny_models_greedy_equals_plain_greedy(tiny_lm, tiny_target, prompt_ids
 
 
 @pytest.mark.slow
-def test_qwen_pair_eager_greedy_equals_the_cloud_models_greedy(real_lm, greedy):
+@pytest.mark.parametrize("branch_below", [0.0, 0.9])
+def test_qwen_pair_eager_greedy_equals_the_cloud_models_greedy(real_lm, greedy, branch_below):
     """The real pair on llama.cpp, 16 tokens: equal to the 1.5B model's plain greedy output
-    or departing only at a near-tie (conftest.assert_greedy_equal)."""
+    or departing only at a near-tie (conftest.assert_greedy_equal); also with branches
+    (the draft model's cache cut back and re-fed around each)."""
     from tandem.models.registry import load_model
 
     cloud_lm = load_model("qwen2.5-coder-1.5b", progress=False)
@@ -346,7 +348,9 @@ def test_qwen_pair_eager_greedy_equals_the_cloud_models_greedy(real_lm, greedy):
         n = 16
         ids = cloud_lm.tokenizer.encode('def fibonacci(n):\n    """Return the n-th Fibonacci."""\n')
         expected, margins = greedy.with_margins(cloud_lm, ids, n)
-        config = eager_config(codec="k-sqs", codec_params={"k": 8}, max_new_tokens=n)
+        config = eager_config(
+            codec="k-sqs", codec_params={"k": 8}, max_new_tokens=n, branch_below=branch_below
+        )
         report, _ = asyncio.run(
             run_pair(
                 device_lm=real_lm,
@@ -357,6 +361,7 @@ def test_qwen_pair_eager_greedy_equals_the_cloud_models_greedy(real_lm, greedy):
             )
         )
         greedy.assert_equal(cloud_lm, report.tokens, expected, margins)
+        assert bool(report.branches.get("sent")) == bool(branch_below)
     finally:
         del cloud_lm
         gc.collect()

@@ -5,6 +5,7 @@ the device finished alone, with no token lost or repeated; a cloud that comes ba
 from __future__ import annotations
 
 import httpx2 as httpx
+import pytest
 
 from .helpers import CloudThread, api, greedy_text, greedy_tokens, sse_events, visible
 
@@ -18,9 +19,13 @@ def completion(url: str, prompt: str, n: int = N, **extra) -> dict:
     return reply.json()
 
 
-def test_spec_greedy_equals_the_cloud_models_greedy(tiny_lm, tiny_lm_b):
+@pytest.mark.parametrize(
+    "knobs", [{"pipeline": "sync"}, {"pipeline": "eager", "branch_below": 1.0, "branch_len": 2}]
+)
+def test_spec_greedy_equals_the_cloud_models_greedy(tiny_lm, tiny_lm_b, knobs):
+    """Stop-and-wait, and eager with a branch wherever it may open one."""
     cloud = CloudThread(tiny_lm_b)
-    server = api(tiny_lm, mode="spec", cloud=f"127.0.0.1:{cloud.port}", pipeline="sync")
+    server = api(tiny_lm, mode="spec", cloud=f"127.0.0.1:{cloud.port}", **knobs)
     try:
         for prompt in ("import os\n", "def add(a, b):"):
             reply = completion(server.url, prompt)
