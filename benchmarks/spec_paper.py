@@ -89,33 +89,9 @@ def calibrated_costs(rtt_s: float) -> Costs:
 class TraceDraftLM(SleepLM):
     """The draft: the target's row, its top token demoted where the trace disagrees."""
 
-    def __init__(self, target: SleepLM, agreement: list[int], prompt_len: int) -> None:
+    def __init__(self, target: SleepLM, trace: list, prompt_len: int) -> None:
         super().__init__(
-            f"trace-draft-{id(agreement)}",
-            vocab_size=target.vocab_size,
-            base_s=DRAFT_TOKEN_S - 0.002,
-            per_token_s=0.002,
-            prefill_s=0.040,
-        )
-        self.target, self.agreement, self.prompt_len = target, agreement, prompt_len
-
-    def row(self, context: tuple[int, ...]) -> torch.Tensor:  # [vocab]
-        row = self.target.row(context).clone()
-        position = len(context) - self.prompt_len
-        if not self.agreement[position % len(self.agreement)]:
-            row[row.argmax()] = row.min() - 1.0
-        return row
-
-
-class RankedTraceDraftLM(SleepLM):
-    """The draft from a *ranked* trace: per position (agree, rank, top): the draft orders the
-    vocabulary as the target does, except that where it disagrees the target's top token
-    sits at `rank` (1: the draft's second choice); its own top token gets probability `top`
-    (the rest decreasing). Greedy drafts are its top token; a branch takes its second."""
-
-    def __init__(self, target: SleepLM, trace: list[tuple[int, int, float]], prompt_len: int):
-        super().__init__(
-            f"ranked-draft-{id(trace)}",
+            f"{type(self).__name__}-{id(trace)}",
             vocab_size=target.vocab_size,
             base_s=DRAFT_TOKEN_S - 0.002,
             per_token_s=0.002,
@@ -123,8 +99,25 @@ class RankedTraceDraftLM(SleepLM):
         )
         self.target, self.trace, self.prompt_len = target, trace, prompt_len
 
+    def at(self, context: tuple[int, ...]):
+        """The trace's entry for the position `context` predicts."""
+        return self.trace[(len(context) - self.prompt_len) % len(self.trace)]
+
     def row(self, context: tuple[int, ...]) -> torch.Tensor:  # [vocab]
-        agree, rank, top = self.trace[(len(context) - self.prompt_len) % len(self.trace)]
+        row = self.target.row(context).clone()
+        if not self.at(context):
+            row[row.argmax()] = row.min() - 1.0
+        return row
+
+
+class RankedTraceDraftLM(TraceDraftLM):
+    """The draft from a *ranked* trace: per position (agree, rank, top): the draft orders the
+    vocabulary as the target does, except that where it disagrees the target's top token
+    sits at `rank` (1: the draft's second choice); its own top token gets probability `top`
+    (the rest decreasing). Greedy drafts are its top token; a branch takes its second."""
+
+    def row(self, context: tuple[int, ...]) -> torch.Tensor:  # [vocab]
+        agree, rank, top = self.at(context)
         order = self.target.row(context).argsort(descending=True).tolist()
         if not agree:
             order.insert(min(max(1, rank), len(order) - 1), order.pop(0))
