@@ -17,12 +17,18 @@ Words used here:
   them, clustered or not); "random-0.7" / "random-0.75" / "random-0.8": the sweep, random
   traces with exactly that agreement, independent of each other (`exact_draw`). The draft's
   row at position t is the target's row, with the target's top token pushed below all others
-  where the trace says "disagree";
+  where the trace says "disagree" (so no branch ever holds it). *Ranked* traces (`--ranked`,
+  a humaneval-traces file) also keep, per position, the rank of the target's token in the real
+  draft's order and the draft's top probability: "humaneval" with its own, "ranked-0.8" etc.
+  with exactly that agreement and each position's (rank, top) drawn from the real pair's
+  positions with the same outcome (`ranked_draw`); the draft's row (`RankedTraceDraftLM`) puts
+  the target's token at that rank and gives its top token that probability;
   decoding is greedy, so every method's output is the target's greedy path and each draft is
   accepted exactly where the trace agrees.
 - methods: cloud AR (tokens streamed), stop-and-wait (sync, separate rejection), PicoSpec
   (async, fast verification, separate rejection), eager ("the cloud never idles", dense
-  uplink: the toy vocabulary has 64 tokens) and adaptive (planner.Controller: picks the
+  uplink: the toy vocabulary has 64 tokens), eager-branch (eager with branches on the draft's
+  second choice where its top probability is below 0.5, 4 drafts each) and adaptive (planner.Controller: picks the
   method and draft length per generation from its estimates, and inside an eager generation
   the draft length and whether to draft each round; it starts from the calibrated costs, the
   link's RTT and alpha 0.8, and learns alpha and the costs as it runs). Device-only decoding
@@ -31,7 +37,8 @@ Words used here:
   first token. `predicted` = planner.throughput (Eq. 7, Eq. 9, Eq. 9 extended) at the trace's
   mean agreement and the calibrated costs, compared with the measured decode rate;
   `predicted_epoch` = the epoch model (tandem.protocols.spec.epochs: the pipelines' own
-  rules, i.i.d. acceptance) for PicoSpec and eager.
+  rules, i.i.d. acceptance) for PicoSpec and eager (neither prices branches: eager-branch
+  gets eager's `predicted`, no epoch figure).
 
 One process: device and cloud sessions over `memory_pair` with the in-process link emulator
 (delay RTT/2 each way, 100 Mbit/s); sleeping needs no cores, so the machine's load matters
