@@ -140,12 +140,10 @@ class RankedTraceDraftLM(TraceDraftLM):
 def ranked_pools(path: Path) -> dict[int, list[tuple[int, float]]]:
     """The real pair's positions in `path` (humaneval-traces): agree (1) / disagree (0) ->
     [(rank of the target's token in the draft's order, the draft's top probability)]."""
-    data = json.loads(path.read_text())
     pools: dict[int, list[tuple[int, float]]] = {0: [], 1: []}
-    for task, agreement in data.get("draft_agreement_teacher_forced", {}).items():
-        ranks, tops = data["draft_rank"][task], data["draft_top_prob"][task]
-        for a, r, t in zip(agreement, ranks, tops, strict=True):
-            pools[int(a)].append((int(r), float(t)))
+    for trace in recorded_traces(path, ranked=True).values():
+        for agree, rank, top in trace:
+            pools[agree].append((int(rank), float(top)))
     return pools
 
 

@@ -314,9 +314,9 @@ class EagerDrafter(Drafter):
         """Draft the open branch (`branch_len` forward passes, preemptible through `cancel`)
         and return its request (epoch + 1, the branch token fixed at its position); None if
         it has nothing to draft. The draft model's sequence is as before afterwards."""
-        branch = self.branch
-        if branch is None or not self.branch_due():
+        if not self.branch_due():
             return None
+        branch = self.branch
         keep = [d.token for d in self.drafts[branch.position - self.frontier :]]
         end = min(branch.position + 1 + self.config.branch_len, self.config.max_new_tokens)
         self.ctx.truncate(branch.position)

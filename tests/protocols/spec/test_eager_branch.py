@@ -10,6 +10,7 @@ import asyncio
 import pytest
 import torch
 
+from tandem.codecs import make_codec
 from tandem.errors import TandemError
 from tandem.protocols.spec import SpecConfig, run_pair, wire
 from tandem.protocols.spec.eager import EagerDrafter, EagerVerifier
@@ -94,8 +95,6 @@ def test_a_branch_travels_as_a_request_with_its_token_fixed():
     chunk = drafter.draft_branch()
     msg = wire.request_message(7, chunk, "dense")
     assert len(msg.distributions) == len(msg.tokens) == 3 and msg.distributions[0] == b""
-    from tandem.codecs import make_codec
-
     parsed = wire.parse_request(msg, codec_name="dense", codec=make_codec("dense"), vocab_size=8)
     assert parsed.epoch == 1 and parsed.position == 0 and parsed.fixed == chunk.fixed
     assert parsed.drafts == tuple(d.token for d in chunk.drafts)
