@@ -37,8 +37,11 @@ Words used here:
   first token. `predicted` = planner.throughput (Eq. 7, Eq. 9, Eq. 9 extended) at the trace's
   mean agreement and the calibrated costs, compared with the measured decode rate;
   `predicted_epoch` = the epoch model (tandem.protocols.spec.epochs: the pipelines' own
-  rules, i.i.d. acceptance) for PicoSpec and eager (neither prices branches: eager-branch
-  gets eager's `predicted`, no epoch figure).
+  rules, i.i.d. acceptance) for PicoSpec, eager and eager-branch (`epochs.branch_rate`, with
+  the trace's `branching`: how often its drafts are unsure where they match and where they
+  do not, and how often the target's token is then the draft's second choice,
+  `trace_branching`); eager-branch's `predicted` is eager's (the closed form has no
+  branches).
 
 One process: device and cloud sessions over `memory_pair` with the in-process link emulator
 (delay RTT/2 each way, 100 Mbit/s); sleeping needs no cores, so the machine's load matters
@@ -50,6 +53,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -67,6 +71,7 @@ from tandem.protocols.spec.planner import Controller, Costs, throughput
 from tandem.transport import LinkConfig, memory_pair
 
 DRAFT_TOKEN_S, TARGET_BASE_S, TARGET_PER_TOKEN_S = 0.024, 0.067, 0.005
+DRAFT_PER_TOKEN_S = 0.002  # a draft pass over n tokens: DRAFT_TOKEN_S + (n - 1) of these
 METHODS = ("cloud-ar", "stop-and-wait", "picospec", "eager", "eager-branch", "adaptive")
 SETTINGS = {
     "stop-and-wait": {"pipeline": "sync", "codec": "separate"},
@@ -79,7 +84,7 @@ MODEL_OF = {
     "stop-and-wait": "sync",
     "picospec": "async",
     "eager": "eager",
-    "eager-branch": "eager",  # the models do not price branches
+    "eager-branch": "eager",  # the closed forms do not price branches (the epoch model does)
 }
 GAMMA = 4
 
@@ -100,8 +105,8 @@ class TraceDraftLM(SleepLM):
         super().__init__(
             f"{type(self).__name__}-{id(trace)}",
             vocab_size=target.vocab_size,
-            base_s=DRAFT_TOKEN_S - 0.002,
-            per_token_s=0.002,
+            base_s=DRAFT_TOKEN_S - DRAFT_PER_TOKEN_S,
+            per_token_s=DRAFT_PER_TOKEN_S,
             prefill_s=0.040,
         )
         self.target, self.trace, self.prompt_len = target, trace, prompt_len
@@ -418,6 +423,45 @@ def mean_agreement(agreements: list[list]) -> float:
     return sum(flat) / len(flat)
 
 
+def trace_branching(agreements: list[list], below: float, length: int) -> epochs.Branching:
+    """What a trace's drafts do for branches at `branch_below` = `below` (epochs.Branching).
+    Ranked traces: from each position's (agree, rank, top). Agreement-only traces: the draft's
+    row is the target's, its top token demoted where the trace disagrees, so the target's token
+    is never the second choice; how often such rows are unsure is counted over 1024 of the
+    target's rows (a hash of the context: rows at any contexts are alike)."""
+    refeed = DRAFT_PER_TOKEN_S * length  # the first step after a taken branch feeds it
+    if agreements and agreements[0] and isinstance(agreements[0][0], tuple):
+        flat = [a for seq in agreements for a in seq]
+        match = [top < below for agree, _, top in flat if agree]
+        miss = [(top < below, rank == 1) for agree, rank, top in flat if not agree]
+        second = [is_second for unsure, is_second in miss if unsure]
+        return epochs.Branching(
+            unsure_match=sum(match) / max(1, len(match)),
+            unsure_miss=sum(u for u, _ in miss) / max(1, len(miss)),
+            second=sum(second) / max(1, len(second)),
+            length=length,
+            refeed_s=refeed,
+        )
+    target, match, miss = paper_target(), 0, 0
+    for k in range(1024):
+        row = target.row((k,))
+        match += float(torch.softmax(row.double(), dim=-1).max()) < below
+        row[row.argmax()] = row.min() - 1.0
+        miss += float(torch.softmax(row.double(), dim=-1).max()) < below
+    return epochs.Branching(match / 1024, miss / 1024, 0.0, length=length, refeed_s=refeed)
+
+
+def epoch_rate(method: str, agreements: list[list], alpha: float, gamma: int, rtt_ms: float):
+    """The epoch model's decode rate for `method` on a trace; eager-branch also returns the
+    trace's branching: (rate, branching or None)."""
+    costs = calibrated_costs(rtt_ms / 1e3)
+    if method != "eager-branch":
+        return epochs.rate(MODEL_OF[method], alpha, gamma, costs), None
+    settings = SETTINGS[method]
+    branching = trace_branching(agreements, settings["branch_below"], settings["branch_len"])
+    return epochs.branch_rate(alpha, gamma, costs, branching), branching
+
+
 def summarize(runs, traces, rtts, methods) -> list[dict]:
     """One row per (trace, RTT, method): pooled rates, ratios, predicted vs measured."""
     rows = []
@@ -445,8 +489,10 @@ def summarize(runs, traces, rtts, methods) -> list[dict]:
                 predicted = throughput(model, alpha, gamma, calibrated_costs(rtt / 1e3))
                 group[method]["predicted_decode_tok_s"] = predicted
                 group[method]["predicted_model"] = model
-                if method in ("picospec", "eager"):  # our pipelines, priced by their rules
-                    epoch = epochs.rate(model, alpha, gamma, calibrated_costs(rtt / 1e3))
+                if method in ("picospec", "eager", "eager-branch"):  # priced by their rules
+                    epoch, branching = epoch_rate(method, agreements, alpha, gamma, rtt)
+                    if branching is not None:
+                        group[method]["branching"] = asdict(branching)
                     group[method]["predicted_epoch_decode_tok_s"] = epoch
                     group[method]["predicted_epoch_over_measured"] = (
                         epoch / group[method]["decode_tok_s"]

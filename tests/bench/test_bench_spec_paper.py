@@ -21,6 +21,7 @@ from benchmarks.spec_paper import (
     ranked_pools,
     recorded_traces,
     run,
+    trace_branching,
 )
 from tandem.errors import TandemError
 
@@ -152,3 +153,18 @@ def test_branches_are_taken_on_ranked_traces_and_the_output_stays_the_targets(tm
     branch = next(r for r in payload["runs"] if r["method"] == "eager-branch")
     assert branch["branches"]["promoted"] > 0
     assert payload["setup"]["ranked"] is True
+    row = next(r for r in payload["table"] if r["method"] == "eager-branch")  # priced
+    assert row["branching"] == {"unsure_match": 0.0, "unsure_miss": 1.0, "second": 1.0,
+                                "length": 4, "refeed_s": pytest.approx(0.008)}  # fmt: skip
+    assert row["predicted_epoch_decode_tok_s"] > 0
+
+
+def test_trace_branching_counts_unsure_drafts_and_second_choices():
+    ranked = [[(1, 0, 0.9), (1, 0, 0.4), (0, 1, 0.3), (0, 2, 0.2)], [(0, 1, 0.7), (1, 0, 0.8)]]
+    b = trace_branching(ranked, 0.5, 3)
+    assert (b.unsure_match, b.unsure_miss, b.second, b.length) == (1 / 3, 2 / 3, 0.5, 3)
+    # agreement-only traces: the target's token is ranked last, never a second choice; the
+    # toy target's rows (64 tokens, logits 2 N(0, 1)) are unsure more often once demoted
+    plain = trace_branching([[1, 0, 1]], 0.5, 4)
+    assert plain.second == 0.0 and 0.0 < plain.unsure_match < plain.unsure_miss <= 1.0
+    assert trace_branching([[1, 0, 1]], 0.01, 4).unsure_match == 0.0

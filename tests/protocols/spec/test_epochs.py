@@ -1,13 +1,20 @@
 """The epoch model (tandem.protocols.spec.epochs): its schedule reduces to closed forms where
 the pipeline does (one block in flight = PicoSpec's step without overlap; no agreement = cloud
 AR; full agreement = the slower side's pace), and its rules (chunks, merged passes, eager's AR
-steps and preemption) show where they should."""
+steps and preemption, branches) show where they should."""
 
 from __future__ import annotations
 
 import pytest
 
-from tandem.protocols.spec.epochs import commit_times, lookahead, rate
+from tandem.protocols.spec.epochs import (
+    Branching,
+    branch_rate,
+    commit_times,
+    lookahead,
+    rate,
+    schedule,
+)
 from tandem.protocols.spec.planner import Costs, expected_length
 
 # PicoSpec's Tables 1-2: draft 24 ms, a pass over n new tokens 67 + 5 n ms
@@ -102,3 +109,53 @@ def test_rate_grows_with_agreement_and_the_lookahead_follows_the_rtt():
 def test_unknown_pipeline_is_refused():
     with pytest.raises(ValueError, match="no epoch model"):
         commit_times("sync", 4, PAPER, 4)
+
+
+def test_a_branch_is_sent_after_its_drafts_and_one_is_open_at_a_time():
+    """The device drafts position 1 at h + t_draft, sends it, drafts the branch (4 steps) and
+    sends it: it reaches the cloud h later. While the device does not know position 1
+    committed (a slow cloud), the unsure drafts after it open no branch."""
+    h = PAPER.rtt / 2
+    epoch = schedule("eager", 4, PAPER, 12, unsure=[True], branch_len=4)
+    assert epoch.branch_arrival == {1: pytest.approx(h + 5 * PAPER.t_draft + h)}
+    slow = Costs(t_draft=0.024, decode_base=1.0, decode_per_token=0.005, rtt=0.1)
+    epoch = schedule("eager", 4, slow, 12, unsure=[True] * 12, branch_len=4)
+    assert list(epoch.branch_arrival) == [1]
+    # the branch's four steps delay the chain: draft 2 is done 4 steps later than without
+    plain = schedule("eager", 4, slow, 12)
+    assert epoch.commit[-1] > plain.commit[-1]
+
+
+@pytest.mark.parametrize(("warm", "start"), [(-0.01, 0.0), (0.03, 0.03)])
+def test_a_taken_branch_is_verified_when_it_is_at_the_cloud(warm, start):
+    """A warm epoch: the branch's 4 drafts are verified in one pass as soon as they are at the
+    cloud (waiting already, or arriving 30 ms into the first AR step, which they preempt);
+    the device hears of the epoch h later and sends its next draft at once (first chunk)."""
+    epoch = schedule("eager", 4, PAPER, 12, branch_len=4, warm=warm)
+    assert epoch.commit[:4] == pytest.approx([start + _pass(4)] * 4)
+    assert epoch.commit[4] == pytest.approx(start + _pass(4))  # the free step after it
+
+
+def test_branch_rate_without_branches_is_the_epoch_models_rate():
+    for rtt in (0.1, 0.2):
+        costs = Costs(t_draft=0.024, decode_base=0.067, decode_per_token=0.005, rtt=rtt)
+        for alpha in (0.7, 0.9):
+            sampled = branch_rate(alpha, 4, costs, Branching(0.0, 0.0, 0.0))
+            assert sampled == pytest.approx(rate("eager", alpha, 4, costs), rel=0.03)
+    # seeded: the same figure every call
+    again = [branch_rate(0.8, 4, PAPER, Branching(0.3, 0.6, 0.5), epochs=300) for _ in range(2)]
+    assert again[0] == again[1]
+
+
+def test_branches_pay_where_they_hold_the_targets_token_and_cost_where_they_do_not():
+    far = Costs(t_draft=0.024, decode_base=0.067, decode_per_token=0.005, rtt=0.2)
+    plain = rate("eager", 0.8, 4, far)
+    helpful = branch_rate(0.8, 4, far, Branching(0.0, 1.0, 1.0))  # every miss, always right
+    useless = branch_rate(0.8, 4, far, Branching(0.9, 1.0, 0.0))  # everywhere, never right
+    assert helpful > 1.05 * plain
+    assert useless < 0.9 * plain
+
+
+def test_branches_need_the_eager_pipeline():
+    with pytest.raises(ValueError, match="branches need pipeline eager"):
+        schedule("async", 4, PAPER, 4, branch_len=4)
