@@ -30,9 +30,12 @@ Words used here:
   uplink: the toy vocabulary has 64 tokens), eager-branch (eager with branches on the draft's
   second choice where its top probability is below 0.5, 4 drafts each) and adaptive (planner.Controller: picks the
   method and draft length per generation from its estimates, and inside an eager generation
-  the draft length and whether to draft each round; it starts from the calibrated costs, the
-  link's RTT and alpha 0.8, and learns alpha and the costs as it runs). Device-only decoding
-  is not exact and is left out. Draft length 4 for the fixed methods.
+  the draft length and whether to draft each round, and whether to branch (eager-branch's
+  settings; `Controller.branches_pay`, the epoch model at its estimates, priced beside each
+  generation); it starts from the calibrated costs, the link's RTT, alpha 0.8 and
+  planner.BRANCHING_PRIOR, and learns them as it runs, also from the other methods' runs on
+  the same trace). Device-only decoding is not exact and is left out. Draft length 4 for the
+  fixed methods, which run without the controller.
 - throughput = tokens / total time (TTFT included); decode = (tokens - 1) / time after the
   first token. `predicted` = planner.throughput (Eq. 7, Eq. 9, Eq. 9 extended) at the trace's
   mean agreement and the calibrated costs, compared with the measured decode rate;
@@ -67,7 +70,7 @@ from benchmarks.spec import PROMPTS
 from tandem.errors import TandemError
 from tandem.models.emulated import SleepLM
 from tandem.protocols.spec import SpecConfig, epochs, run_pair
-from tandem.protocols.spec.planner import Controller, Costs, throughput
+from tandem.protocols.spec.planner import Branching, Controller, Costs, throughput
 from tandem.transport import LinkConfig, memory_pair
 
 DRAFT_TOKEN_S, TARGET_BASE_S, TARGET_PER_TOKEN_S = 0.024, 0.067, 0.005
@@ -298,8 +301,13 @@ async def run_one(method, *, target, draft, prompt_ids, rtt_ms, n, controller=No
         await asyncio.wait_for(cloud, 60)
         await cloud_channel.close()
         return report, (chosen, 0)
-    config = SpecConfig(**{**base, **SETTINGS[chosen], "draft_len": gamma})
-    eager_controller = controller if chosen == "eager" else None
+    # adaptive eager: branches on the draft's second choice where the controller says they pay
+    # (before 2026-11-28 the fixed "eager" also ran with the controller, re-planning its
+    # draft length each round: 3 or 6 instead of 4 at RTT 200)
+    adaptive_eager = method == "adaptive" and chosen == "eager"
+    settings = SETTINGS["eager-branch" if adaptive_eager else chosen]
+    config = SpecConfig(**{**base, **settings, "draft_len": gamma})
+    eager_controller = controller if adaptive_eager else None
     report, _ = await run_pair(
         device_lm=draft, cloud_lm=target, prompt_ids=prompt_ids, config=config, link=link,
         controller=eager_controller,
@@ -310,6 +318,8 @@ async def run_one(method, *, target, draft, prompt_ids, rtt_ms, n, controller=No
         controller.observe_drafts(accepted, sum(v.rejected for v in report.verdicts))
         if summary["t_draft_token_ms"]:
             controller.observe_draft(summary["t_draft_token_ms"] / 1e3)
+        if "confidence" in report.branches:
+            controller.observe_confidence(**report.branches["confidence"])
     return report, (chosen, gamma)
 
 
@@ -423,8 +433,8 @@ def mean_agreement(agreements: list[list]) -> float:
     return sum(flat) / len(flat)
 
 
-def trace_branching(agreements: list[list], below: float, length: int) -> epochs.Branching:
-    """What a trace's drafts do for branches at `branch_below` = `below` (epochs.Branching).
+def trace_branching(agreements: list[list], below: float, length: int) -> Branching:
+    """What a trace's drafts do for branches at `branch_below` = `below` (planner.Branching).
     Ranked traces: from each position's (agree, rank, top). Agreement-only traces: the draft's
     row is the target's, its top token demoted where the trace disagrees, so the target's token
     is never the second choice; how often such rows are unsure is counted over 1024 of the
@@ -435,7 +445,7 @@ def trace_branching(agreements: list[list], below: float, length: int) -> epochs
         match = [top < below for agree, _, top in flat if agree]
         miss = [(top < below, rank == 1) for agree, rank, top in flat if not agree]
         second = [is_second for unsure, is_second in miss if unsure]
-        return epochs.Branching(
+        return Branching(
             unsure_match=sum(match) / max(1, len(match)),
             unsure_miss=sum(u for u, _ in miss) / max(1, len(miss)),
             second=sum(second) / max(1, len(second)),
@@ -448,7 +458,7 @@ def trace_branching(agreements: list[list], below: float, length: int) -> epochs
         match += float(torch.softmax(row.double(), dim=-1).max()) < below
         row[row.argmax()] = row.min() - 1.0
         miss += float(torch.softmax(row.double(), dim=-1).max()) < below
-    return epochs.Branching(match / 1024, miss / 1024, 0.0, length=length, refeed_s=refeed)
+    return Branching(match / 1024, miss / 1024, 0.0, length=length, refeed_s=refeed)
 
 
 def epoch_rate(method: str, agreements: list[list], alpha: float, gamma: int, rtt_ms: float):

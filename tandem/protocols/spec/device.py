@@ -100,6 +100,7 @@ class DeviceSession:
         self._start = time.perf_counter()
         await self._send_message(self.start)
         reader = loop.create_task(self._read())
+        pricing = self._price_branches()
         try:
             t0 = time.perf_counter()
             try:
@@ -123,13 +124,44 @@ class DeviceSession:
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
+            if pricing is not None:  # its answer is the next generation's start (cached)
+                await asyncio.wait({pricing})
         self.report.uplink_bytes = self.channel.bytes_sent - up0
         self.report.downlink_bytes = self.channel.bytes_received - down0
         self.report.tokens = list(self.drafter.committed)
         if self.eager and self.config.branch_below:
-            self.report.branches = dict(self.drafter.branches)
+            self.report.branches.update(self.drafter.branches)
+            self.report.branches["confidence"] = dict(self.drafter.confidence)
+            if self.controller is not None:
+                self.controller.observe_confidence(**self.drafter.confidence)
         self.report.text = self.lm.tokenizer.decode(self.report.tokens)
         return self.report
+
+    def _price_branches(self) -> asyncio.Future | None:
+        """Eager with branches and a controller: whether branches pay (planner.Controller.
+        branches_pay_at), priced in a thread from the estimates as they stand; until the answer
+        comes, the drafter branches as the controller's last answer says. Timing only: the
+        answer depends on earlier generations, never on a value drawn in this one."""
+        controller = self.controller
+        if not (self.eager and self.config.branch_below and controller is not None):
+            return None
+        self.drafter.branching = controller.branch_choice
+        args = (
+            controller.alpha_estimate,
+            self.machine.gamma,
+            controller.costs(),
+            controller.branching(self.config.branch_len),
+        )
+        pricing = asyncio.ensure_future(asyncio.to_thread(controller.branches_pay_at, *args))
+
+        def priced(task: asyncio.Future) -> None:
+            if not task.cancelled() and task.exception() is None:
+                choice, gain = task.result()
+                self.drafter.branching = choice
+                self.report.branches.update(chosen=choice, predicted_gain=gain)
+
+        pricing.add_done_callback(priced)
+        return pricing
 
     # ---- receiving ----------------------------------------------------------------------
 

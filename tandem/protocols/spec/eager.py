@@ -287,20 +287,42 @@ class EagerDrafter(Drafter):
         super().__init__(*args, **kwargs)
         self.branch: Branch | None = None  # at most one open at a time
         self.branches = {"opened": 0, "sent": 0, "promoted": 0}
+        self.branching = True  # whether unsure drafts open branches (a controller may say no)
+        # drafts as branches see them, counted at adoption (planner.Controller learns them):
+        # matched / of them unsure / did not match / of them unsure / of those, the committed
+        # token was the branch token (the most likely one other than the draft)
+        self.confidence = dict.fromkeys(
+            ("match", "unsure_match", "miss", "unsure_miss", "second"), 0
+        )
+        self._unsure: dict[int, tuple[bool, int]] = {}  # position -> (unsure, branch token)
 
     def _drafted(self, row: torch.Tensor, draft: DraftItem) -> None:
-        """Open a branch at `draft`'s position if the draft model's own law is unsure there
-        (*branch*). Reads the law and the draft's token only for which token to branch on:
-        whether to branch never depends on the value drawn."""
+        """Note whether the draft model's own law is unsure at `draft`'s position, and open a
+        branch there if so (*branch*). Reads the law and the draft's token only for which
+        token to branch on: whether to branch never depends on the value drawn."""
         below, end = self.config.branch_below, self.config.max_new_tokens
-        if not below or self.branch is not None or draft.position + 1 >= end:
+        if not below:
             return
         top = torch.softmax(row.double(), dim=-1).topk(2)
-        if float(top.values[0]) >= below:
-            return
         first, second = (int(i) for i in top.indices)
-        self.branch = Branch(self.epoch, draft.position, second if first == draft.token else first)
+        token = second if first == draft.token else first
+        unsure = float(top.values[0]) < below
+        self._unsure[draft.position] = (unsure, token)
+        if not unsure or not self.branching or self.branch is not None or draft.position + 1 >= end:
+            return
+        self.branch = Branch(self.epoch, draft.position, token)
         self.branches["opened"] += 1
+
+    def _count(self, position: int, token: int, matched: bool) -> None:
+        """`token` committed at `position` against this chain's draft there (`confidence`)."""
+        unsure, branch_token = self._unsure.pop(position, (None, 0))
+        if unsure is None:  # not drafted through `_drafted` (no branches, or a branch's draft)
+            return
+        c = self.confidence
+        key = "match" if matched else "miss"
+        c[key] += 1
+        c[f"unsure_{key}"] += unsure
+        c["second"] += unsure and not matched and token == branch_token
 
     def branch_due(self) -> bool:
         """An open branch waits to be drafted, its position's draft already sent."""
@@ -386,6 +408,7 @@ class EagerDrafter(Drafter):
                 break
             token = int(token)
             if self.drafts and self.drafts[0].token == token:
+                self._count(self.frontier, token, True)
                 self.drafts.pop(0)
                 self.sent = max(0, self.sent - 1)
                 self.committed.append(token)
@@ -393,6 +416,8 @@ class EagerDrafter(Drafter):
             else:
                 promoted = self._promotion(token)
                 if self.drafts:  # the cloud's token differs from the draft here: new chain
+                    self._count(self.frontier, token, False)
+                    self._unsure.clear()  # the chain's other drafts are void
                     rollback = True
                     self._codec_backtrack(self.drafts[0])
                     self.drafts.clear()

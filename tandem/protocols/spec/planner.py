@@ -137,6 +137,21 @@ def catch_up_drafts(gamma: int, costs: Costs) -> int:
 
 
 @dataclass(frozen=True)
+class Branching:
+    """What eager's branches depend on in a regime (eager.py: *branch*), per draft position;
+    priced by epochs.branch_rate."""
+
+    unsure_match: float  # P(the draft model's top probability < branch_below | its draft matches)
+    unsure_miss: float  # the same where its draft does not match the target's token
+    second: float  # P(the target's token is the draft's second choice | no match, unsure)
+    length: int = 4  # branch_len
+    refeed_s: float = 0.0  # the first draft step after a taken branch feeds it: extra seconds
+
+
+BRANCHING_PRIOR = Branching(unsure_match=0.05, unsure_miss=0.5, second=0.3)
+
+
+@dataclass(frozen=True)
 class Plan:
     method: str
     gamma: int  # 0 for "ar"
@@ -180,6 +195,12 @@ class Controller:
     _per_token: list[float] = field(default_factory=list)  # (t_decode(n) - t_ar) / (n - 1)
     _agree: float = 0.0
     _disagree: float = 0.0
+    branching_prior: Branching = BRANCHING_PRIOR
+    # decayed counts: drafts that matched, of them unsure; that did not, of them unsure; of
+    # those, the target's token the draft's second choice (eager.py: *branch*)
+    _confidence: list[float] = field(default_factory=lambda: [0.0] * 5)
+    _branch_plans: dict[tuple, tuple[bool, float]] = field(default_factory=dict)
+    branch_choice: bool = True  # the last answer of `branches_pay_at` (before any: branch)
 
     def _avg(self, old: float | None, new: float) -> float:
         return new if old is None else (1 - self.weight) * old + self.weight * new
@@ -227,6 +248,55 @@ class Controller:
             rtt=self._rtt if self._rtt is not None else p.rtt,
             first_chunk=p.first_chunk,
         )
+
+    def observe_confidence(
+        self, match: int, unsure_match: int, miss: int, unsure_miss: int, second: int
+    ) -> None:
+        """One generation's drafts as branches see them (eager.py: `EagerDrafter.confidence`):
+        older generations' counts weigh 0.8 each time."""
+        new = (match, unsure_match, miss, unsure_miss, second)
+        self._confidence = [0.8 * old + n for old, n in zip(self._confidence, new, strict=True)]
+
+    def branching(self, length: int, refeed_s: float = 0.0) -> Branching:
+        """The running estimate, each rate with 4 pseudo-observations of the prior's."""
+        match, unsure_match, miss, unsure_miss, second = self._confidence
+        prior, weight = self.branching_prior, 4.0
+        return Branching(
+            unsure_match=(unsure_match + weight * prior.unsure_match) / (match + weight),
+            unsure_miss=(unsure_miss + weight * prior.unsure_miss) / (miss + weight),
+            second=(second + weight * prior.second) / (unsure_miss + weight),
+            length=length,
+            refeed_s=refeed_s,
+        )
+
+    def branches_pay(self, gamma: int, length: int, refeed_s: float = 0.0) -> tuple[bool, float]:
+        """Whether eager runs faster with branches at the running estimates, and the gain
+        (`branches_pay_at`)."""
+        return self.branches_pay_at(
+            self.alpha_estimate, gamma, self.costs(), self.branching(length, refeed_s)
+        )
+
+    def branches_pay_at(
+        self, alpha: float, gamma: int, costs: Costs, branching: Branching
+    ) -> tuple[bool, float]:
+        """Whether eager runs faster with branches, by the epoch model (epochs.branch_gain: a
+        gain above 1 + 2 MARGIN says yes), and the gain; remembered per rounded input (one
+        pricing costs 0.1-0.3 s of CPU: the device runs it in a thread beside its generation).
+        Sets `branch_choice`, the answer callers start the next generation with."""
+        from tandem.protocols.spec import epochs  # epochs builds on this module
+
+        b = branching
+        key = (
+            gamma, b.length, round(b.refeed_s, 3), round(20 * alpha),
+            *(round(20 * x) for x in (b.unsure_match, b.unsure_miss, b.second)),
+            *(round(10 * math.log(max(x, 1e-6))) for x in (costs.t_draft, costs.t_ar)),
+            round(costs.decode_per_token, 3), round(costs.rtt, 2),
+        )  # fmt: skip
+        if key not in self._branch_plans:
+            gain = epochs.branch_gain(alpha, gamma, costs, b)
+            self._branch_plans[key] = (gain > 1 + 2 * MARGIN, gain)
+        self.branch_choice = self._branch_plans[key][0]
+        return self._branch_plans[key]
 
     def plan(self, methods: tuple[str, ...] | None = None) -> Plan:
         return best(self.alpha_estimate, self.costs(), methods or self.methods, self.gammas)

@@ -14,6 +14,7 @@ from tandem.codecs import make_codec
 from tandem.errors import TandemError
 from tandem.protocols.spec import SpecConfig, run_pair, wire
 from tandem.protocols.spec.eager import EagerDrafter, EagerVerifier
+from tandem.protocols.spec.planner import Branching, Controller, Costs
 from tandem.protocols.spec.verifier import Request
 from tandem.transport import LinkConfig
 
@@ -154,3 +155,71 @@ def test_greedy_with_branches_equals_target_greedy_over_a_slow_link():
     assert report.branches["promoted"] > 0 and cloud["branches_promoted"] > 0
     assert report.branches["promoted"] >= cloud["branches_promoted"]
     assert len(report.branch_s) == report.branches["sent"]
+
+
+def test_the_drafter_counts_its_drafts_as_branches_see_them():
+    """At adoption: a matched draft counts as match (unsure or not), a mismatch as miss, and
+    an unsure miss whose committed token is the branch token as second; drafts of the voided
+    chain and a taken branch's drafts (not drafted through the hook) are not counted. With
+    `branching` off the counts go on but no branch opens."""
+    draft = TableLM(8, "d")
+    for on in (True, False):
+        drafter = EagerDrafter(draft, PROMPT, branching(branch_len=2), eos_id=None)
+        drafter.branching = on
+        drafter.prefill()
+        first = drafter.draft_next()  # unsure (branch_below 1): a branch opens if on
+        assert (drafter.branch is not None) == on
+        second = drafter.draft_next()
+        drafter.take_chunk()
+        if on:
+            drafter.draft_branch()
+        branch_token = drafter._unsure[1][1]  # the most likely token other than the draft
+        drafter.adopt(0, (first.token,))
+        assert drafter.confidence == dict(match=1, unsure_match=1, miss=0, unsure_miss=0, second=0)
+        drafter.adopt(1, (branch_token,))  # the second draft missed, on its branch token
+        assert drafter.confidence["miss"] == drafter.confidence["second"] == 1
+        assert drafter._unsure == {} and drafter.branches["opened"] == int(on)
+        assert second.token != branch_token
+    sure = EagerDrafter(draft, PROMPT, branching(branch_below=1e-6), eos_id=None)
+    sure.prefill()
+    token = sure.draft_next().token
+    sure.adopt(0, ((token + 1) % 8,))
+    assert sure.confidence == dict(match=0, unsure_match=0, miss=1, unsure_miss=0, second=0)
+
+
+def test_a_controller_turns_branches_off_where_they_cannot_pay():
+    """The controller learns the counts and prices branches with the epoch model: on where the
+    target's token is often the draft's second choice, off where it never is."""
+    paper = Costs(t_draft=0.024, decode_base=0.067, decode_per_token=0.005, rtt=0.2)
+    right, wrong = Controller(prior=paper), Controller(prior=paper)
+    for _ in range(10):  # 128 drafts a generation, 20% missed
+        right.observe_confidence(match=102, unsure_match=2, miss=26, unsure_miss=20, second=15)
+        wrong.observe_confidence(match=102, unsure_match=90, miss=26, unsure_miss=26, second=0)
+    assert right.branching(4).second == pytest.approx(0.75, abs=0.02)
+    pay, gain = right.branches_pay(4, 4)
+    assert pay and gain > 1.02 and right.branch_choice
+    pay, gain = wrong.branches_pay(4, 4)
+    assert not pay and gain < 0.95 and not wrong.branch_choice
+    assert wrong.branches_pay(4, 4) == (pay, gain)  # remembered
+
+
+def test_a_session_with_a_controller_branches_as_it_says():
+    """Eager with branches and a controller: the device prices branches beside the generation
+    and applies the answer (here: no, the prior says every draft is unsure and the target's
+    token never second: branches would only cost); the output stays the target's."""
+    target = TableLM(16, "t", step_delay_s=0.03)
+    draft = TableLM(16, "d", correlate_with=target, mix=0.6, step_delay_s=0.002)
+    prior = Costs(t_draft=0.002, decode_base=0.029, decode_per_token=0.001, rtt=0.01)
+    controller = Controller(prior=prior, branching_prior=Branching(0.9, 1.0, 0.0))
+    n = 30
+    report, _ = asyncio.run(
+        run_pair(device_lm=draft, cloud_lm=target, prompt_ids=PROMPT,
+                 config=branching(max_new_tokens=n), link=LinkConfig(delay_ms=5.0),
+                 controller=controller)
+    )  # fmt: skip
+    assert report.tokens == table_greedy(target, PROMPT, n)
+    assert report.branches["chosen"] is False and report.branches["predicted_gain"] < 1
+    assert controller.branch_choice is False
+    counts = report.branches["confidence"]
+    assert counts["match"] + counts["miss"] > 0
+    assert controller.branching(2).unsure_match > 0.9  # learnt: branch_below 1, all unsure

@@ -8,14 +8,13 @@ from __future__ import annotations
 import pytest
 
 from tandem.protocols.spec.epochs import (
-    Branching,
     branch_rate,
     commit_times,
     lookahead,
     rate,
     schedule,
 )
-from tandem.protocols.spec.planner import Costs, expected_length
+from tandem.protocols.spec.planner import Branching, Costs, expected_length
 
 # PicoSpec's Tables 1-2: draft 24 ms, a pass over n new tokens 67 + 5 n ms
 PAPER = Costs(t_draft=0.024, decode_base=0.067, decode_per_token=0.005, rtt=0.1)
