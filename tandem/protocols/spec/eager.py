@@ -53,7 +53,10 @@ committed. Words used here (as in drafter.py and verifier.py), and:
   token is b at t. If chain e dies at t with b committed there (a residual or an AR token),
   both sides take the branch as chain e + 1 (*promote*): its drafts are at the cloud already,
   so the rejection costs no round trip; else the branch is stale. The drafts are those a new
-  chain after b would draft (same law, same generator ("draft", p)): timing only.
+  chain after b would draft (same law, same generator ("draft", p)): timing only. The device
+  counts how its drafts fare (`confidence`: matched or not, unsure or not, the committed token
+  its branch token or not), and a controller may turn branching off for a generation
+  (`branching`, device.py) from earlier generations' counts: timing only as well.
 
 Exactness (the output law is the target's). The cloud commits each position t exactly once,
 by (a) an AR step: x_t ~ target(. | x_<t) drawn with generator ("verify", t); or (b) verifying

@@ -78,20 +78,11 @@ class Schedule:
     branch_arrival: dict[int, float]
 
 
-def commit_times(
-    pipeline: str,
-    gamma: int,
-    costs: Costs,
-    positions: int,
-    *,
-    truncate_factor: float = 2.0,
-    lookahead_drafts: int | None = None,
-    alpha: float = 1.0,
-) -> list[float]:
-    """C(1..positions) of the mismatch-free schedule of one epoch (module docstring); `alpha`
-    is what eager's preemption rule assumes of the draft at the step's position."""
-    return schedule(pipeline, gamma, costs, positions, truncate_factor=truncate_factor,
-                    lookahead_drafts=lookahead_drafts, alpha=alpha).commit  # fmt: skip
+def commit_times(pipeline: str, gamma: int, costs: Costs, positions: int, **options) -> list[float]:
+    """C(1..positions) of the mismatch-free schedule of one epoch (module docstring; `options`
+    as `schedule`'s: `alpha` is what eager's preemption rule assumes of the draft at the
+    step's position)."""
+    return schedule(pipeline, gamma, costs, positions, **options).commit
 
 
 def schedule(

@@ -38,7 +38,9 @@ epochs.py prices their own rules, the prediction the benchmarks compare with mea
 
 Device-only decoding is not exact (the draft model's law), so it is never a choice here.
 The controller (`Controller`) keeps running estimates of alpha, t_draft, t_decode's line and
-rtt, and `plan()` returns the method and draft length of highest predicted throughput.
+rtt, and `plan()` returns the method and draft length of highest predicted throughput. Eager's
+branches have no closed form: the controller also learns how the draft's unsure positions fare
+(`Branching`) and `branches_pay` asks the epoch model (epochs.branch_gain) whether they pay.
 """
 
 from __future__ import annotations
