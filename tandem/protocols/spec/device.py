@@ -1,6 +1,10 @@
 """The device's asyncio layer: pumps a `Drafter` over a `Channel` (sync or async pipeline),
 asking the sans-I/O `edge.EdgeMachine` when to send, draft or wait.
 
+Why one file: it is the one asyncio layer of the device; the sync, async and eager pumps share
+its reader, its sending and its adoption of verdicts, and every rule they follow lives in the
+sans-I/O objects it drives (drafter.py, eager.py, edge.py, planner.py).
+
 Theory of operation. The device sends the start message and prefills its draft model while
 the cloud prefills the target. A reader task receives verdicts; a rejection sets the
 drafter's cancel event at once (PicoSpec's interrupt: the draft model stops between layers)
