@@ -54,6 +54,7 @@ little (the load average is in the JSON). One warm-up generation per RTT, discar
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 from dataclasses import asdict
@@ -240,9 +241,14 @@ def recorded_traces(
     return traces
 
 
+def is_ranked(trace: list) -> bool:
+    """Whether a trace is ranked ((agree, rank, top) per position) or agreement only."""
+    return bool(trace) and isinstance(trace[0], tuple)
+
+
 def trace_draft(target: SleepLM, trace: list, prompt_len: int) -> SleepLM:
     """The draft for a trace: ranked (tuples per position) or agreement only."""
-    if trace and isinstance(trace[0], tuple):
+    if is_ranked(trace):
         return RankedTraceDraftLM(target, trace, prompt_len)
     return TraceDraftLM(target, trace, prompt_len)
 
@@ -440,7 +446,7 @@ def trace_branching(agreements: list[list], below: float, length: int) -> Branch
     is never the second choice; how often such rows are unsure is counted over 1024 of the
     target's rows (a hash of the context: rows at any contexts are alike)."""
     refeed = DRAFT_PER_TOKEN_S * length  # the first step after a taken branch feeds it
-    if agreements and agreements[0] and isinstance(agreements[0][0], tuple):
+    if agreements and is_ranked(agreements[0]):
         flat = [a for seq in agreements for a in seq]
         match = [top < below for agree, _, top in flat if agree]
         miss = [(top < below, rank == 1) for agree, rank, top in flat if not agree]
@@ -452,13 +458,22 @@ def trace_branching(agreements: list[list], below: float, length: int) -> Branch
             length=length,
             refeed_s=refeed,
         )
+    match, miss = toy_unsure_rates(below)
+    return Branching(match, miss, 0.0, length=length, refeed_s=refeed)
+
+
+@functools.cache
+def toy_unsure_rates(below: float, rows: int = 1024) -> tuple[float, float]:
+    """How often an agreement-only draft's row is unsure (top probability below `below`) where
+    it agrees (the target's row) and where it does not (its top token demoted), over `rows`
+    of the toy target's rows; the same for every such trace, so computed once."""
     target, match, miss = paper_target(), 0, 0
-    for k in range(1024):
+    for k in range(rows):
         row = target.row((k,))
         match += float(torch.softmax(row.double(), dim=-1).max()) < below
         row[row.argmax()] = row.min() - 1.0
         miss += float(torch.softmax(row.double(), dim=-1).max()) < below
-    return Branching(match / 1024, miss / 1024, 0.0, length=length, refeed_s=refeed)
+    return match / rows, miss / rows
 
 
 def epoch_rate(method: str, agreements: list[list], alpha: float, gamma: int, rtt_ms: float):
