@@ -51,6 +51,7 @@ from tandem import sandbox
 from tandem.errors import TandemError
 
 EAGER = {"pipeline": "eager", "codec": "k-sqs", "codec_params": {"k": 3}}
+EAGER_BRANCH = {**EAGER, "branch_below": 0.5, "branch_len": 4}
 # mode -> (device runtime mode, SpecConfig settings)
 MODES: dict[str, tuple[str, dict]] = {
     "ar": ("ar", {}),  # cloud autoregressive, tokens streamed back
@@ -63,9 +64,12 @@ MODES: dict[str, tuple[str, dict]] = {
     "sqs-async": ("spec", {"pipeline": "async", "codec": "k-sqs", "codec_params": {"k": 3}}),
     # the cloud never idles (tandem.protocols.spec.eager), K-SQS K=3 uplink
     "spec-eager": ("spec", EAGER),
+    # eager with branches on the draft model's second choice where it is unsure (eager.py)
+    "spec-eager-branch": ("spec", EAGER_BRANCH),
     # eager with the adaptive controller (planner.Controller): each round it picks the draft
-    # length, or no drafting (the cloud's AR stream alone); one controller for the whole run
-    "spec-adaptive": ("spec", EAGER),
+    # length, or no drafting (the cloud's AR stream alone), and each generation whether to
+    # branch (eager-branch's settings); one controller for the whole run
+    "spec-adaptive": ("spec", EAGER_BRANCH),
 }
 # each exact mode with the cloud verifying one token per pass (SpecConfig.verify_calls): the
 # same output as "ar" bit for bit on llama.cpp, at the cost of the block's saving
@@ -336,6 +340,8 @@ def _record(problem: dict, mode: str, report) -> dict:
         "downlink_bytes": report.downlink_bytes,
         **{k: summary[k] for k in keep},
     }
+    if report.branches:
+        record["branches"] = dict(report.branches)
     if report.verdicts:
         record["acceptance_trace"] = {
             "accepted": [v.num_accepted for v in report.verdicts],

@@ -15,7 +15,8 @@ def humaneval(
         ["ar", "spec-sync", "spec-async", "local"],
         "--mode",
         help="Modes side by side (repeat): ar, local, spec-sync, spec-async, spec-sync-dense, "
-        "sqs, c-sqs, sqs-async, spec-eager, spec-adaptive (eager + the adaptive controller); "
+        "sqs, c-sqs, sqs-async, spec-eager, spec-eager-branch (eager with branches), "
+        "spec-adaptive (eager-branch + the adaptive controller); "
         "each exact mode but spec-adaptive also as <mode>-token (the cloud verifies one token "
         "per pass: bit for bit ar's output).",
     ),

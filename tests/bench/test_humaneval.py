@@ -157,16 +157,21 @@ def test_tiny_end_to_end_two_problems_two_modes(tmp_path):
 
 
 def test_tiny_adaptive_mode_keeps_one_controller_and_the_ar_output(tmp_path):
-    payload = humaneval.run(out=tmp_path, problems="0-1", modes=("ar", "local", "spec-adaptive"),
-                            max_new_tokens=6, device_model="tiny-qwen2",
-                            cloud_model="tiny-qwen2", margins=False)  # fmt: skip
+    modes = ("ar", "local", "spec-eager-branch", "spec-adaptive")
+    payload = humaneval.run(out=tmp_path, problems="0-1", modes=modes, max_new_tokens=6,
+                            device_model="tiny-qwen2", cloud_model="tiny-qwen2",
+                            margins=False)  # fmt: skip
     runs = [r for r in payload["runs"] if r["mode"] == "spec-adaptive"]
     assert len(runs) == 2
     for run in runs:
         assert run["plan_after"]["method"] in ("ar", "eager")
         assert 0.0 < run["plan_after"]["alpha"] <= 1.0
-    exact = payload["exactness"]["per_mode"]["spec-adaptive"]
-    assert exact["problems_differing_tokens"] == 0  # greedy: the cloud's AR output
+    for run in (r for r in payload["runs"] if r["mode"] == "spec-eager-branch"):
+        counts = run["branches"]["confidence"]  # every chain draft counted once, at adoption
+        assert counts["match"] + counts["miss"] >= 1 and run["branches"]["opened"] >= 0
+    for mode in ("spec-eager-branch", "spec-adaptive"):
+        exact = payload["exactness"]["per_mode"][mode]
+        assert exact["problems_differing_tokens"] == 0  # greedy: the cloud's AR output
 
 
 def test_unknown_mode_is_one_line():
