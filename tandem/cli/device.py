@@ -54,7 +54,9 @@ def run(
     pipeline: str = typer.Option(
         "async",
         "--pipeline",
-        help="sync (stop-and-wait), async (PicoSpec) or eager (the cloud decodes while it waits).",
+        help="sync (stop-and-wait), async (PicoSpec), eager (the cloud decodes while it waits) "
+        "or adaptive (eager with a controller that picks cloud AR or eager, the draft length "
+        "each round and, with --branch-below, whether to branch).",
     ),
     codec: str = typer.Option(
         None,
@@ -120,7 +122,7 @@ def run(
     from tandem.baselines.spec_baselines import run_device_only
     from tandem.models.registry import load_model
     from tandem.protocols.decoding import text_stream
-    from tandem.protocols.spec.config import SpecConfig
+    from tandem.protocols.spec.config import PIPELINES, SpecConfig
     from tandem.protocols.spec.stats import summary_table
     from tandem.serve.api.backends import GenParams
     from tandem.serve.api.server import build_backend
@@ -145,8 +147,12 @@ def run(
         raise TandemError(f"unknown mode {mode!r}; choose one of {', '.join(modes)}")
     if mode == "private-spec" and not corpus:
         raise TandemError("--mode private-spec needs --corpus (the device's private corpus)")
+    if pipeline not in (*PIPELINES, "adaptive"):
+        raise TandemError(f"spec: pipeline must be one of {', '.join(PIPELINES)}, adaptive")
+    if pipeline == "adaptive" and mode != "spec":
+        raise TandemError("--pipeline adaptive is for --mode spec")
     config = SpecConfig(  # checks the flags before the model loads
-        pipeline=pipeline, codec=codec or "dense", codec_params=parse_params(codec_param),
+        pipeline="eager" if pipeline == "adaptive" else pipeline, codec=codec or "dense", codec_params=parse_params(codec_param),
         draft_len=draft_len, bit_budget=bit_budget, downlink_k=downlink_k,
         fast_verify=fast_verify, first_chunk=1, truncate_factor=truncate_factor,
         verify_calls=verify_calls, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
@@ -189,6 +195,15 @@ def run(
         console.print(summary_table(result.report))
     record = {"mode": mode, "tokens": result.tokens, "finish_reason": result.finish_reason,
               "total_s": elapsed, "degraded": result.degraded}  # fmt: skip
+    if (controller := getattr(backend, "controller", None)) is not None:
+        plan = controller.plan(("ar", "eager"))
+        record["adaptive"] = {"ran": result.info.get("plan"), "next": plan.method,
+                              "gamma": plan.gamma, "alpha": controller.alpha_estimate}  # fmt: skip
+        console.print(
+            f"adaptive: ran as {result.info.get('plan')}; measured alpha "
+            f"{controller.alpha_estimate:.2f}, the next generation would run {plan.method}"
+            + (f" with {plan.gamma} drafts a block" if plan.gamma else "")
+        )
     if result.degraded:
         record.update(degraded_at=result.degraded_at, degraded_reason=result.degraded_reason)
         console.print(
@@ -216,7 +231,9 @@ def serve(
     ),
     strategy: str = typer.Option(None, help="dragon: aggregator strategy [dragon]."),
     docs: int = typer.Option(None, "--docs", help="dragon: documents per side [2]."),
-    pipeline: str = typer.Option(None, "--pipeline", help="spec: sync, async or eager [async]."),
+    pipeline: str = typer.Option(
+        None, "--pipeline", help="spec: sync, async, eager or adaptive [async]."
+    ),
     codec: str = typer.Option(None, "--codec", help="spec: uplink codec [dense]."),
     eta: float = typer.Option(None, "--eta", help="private-spec: draft pull on the cloud [4]."),
     codec_param: list[str] = typer.Option([], "--codec-param", help="NAME=VALUE, e.g. k=8."),

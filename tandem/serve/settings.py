@@ -51,7 +51,8 @@ class DeviceServeSettings(_Section):
     corpus: str | None = None  # dragon, private-spec: the device's private corpus
     strategy: str = "dragon"  # dragon: aggregator strategy
     docs: int = Field(2, ge=1)  # dragon, private-spec: documents per side
-    pipeline: Literal["sync", "async", "eager"] = "async"  # spec
+    pipeline: Literal["sync", "async", "eager", "adaptive"] = "async"  # spec (adaptive: eager +
+    # the adaptive controller, which plans cloud AR or eager, the draft length and branches)
     codec: str | None = None  # spec: uplink codec (None: dense; private-spec: k-sqs K=3)
     eta: float | None = Field(None, ge=0.0)  # private-spec: knowledge transfer (None: 4)
     codec_params: dict[str, int | float] = Field(default_factory=dict)  # k=8 stays an int

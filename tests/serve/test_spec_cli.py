@@ -63,6 +63,15 @@ def test_cloud_autoregressive_mode(cloud_port):
     assert "12 tokens" in out.stderr
 
 
+def test_adaptive_pipeline_runs_eager_and_says_what_it_measured(cloud_port, tmp_path):
+    out = device(cloud_port, "--pipeline", "adaptive", "--json", str(tmp_path / "r.json"))
+    assert out.returncode == 0, out.stderr
+    assert "adaptive: ran as eager" in " ".join(out.stderr.split())
+    record = json.loads((tmp_path / "r.json").read_text())
+    assert len(record["tokens"]) == 12 and record["adaptive"]["ran"] == "eager"
+    assert record["adaptive"]["next"] in ("ar", "eager") and record["config"]["pipeline"] == "eager"
+
+
 def test_wrong_secret_is_one_line(cloud_port):
     out = tandem("device", "run", "--model", "tiny-qwen2", "--raw", "-p", "hi",
                  "--port", str(cloud_port), "--secret", "wrong", "--no-fallback")  # fmt: skip
@@ -103,6 +112,7 @@ def test_unreachable_cloud_falls_back_by_default(tiny_lm, tmp_path):
         (("--codec", "zip"), "error: spec: codec must be one of"),
         (("--codec-param", "k"), "error: --codec-param expects NAME=VALUE"),
         (("--mode", "nope"), "error: unknown mode 'nope'"),
+        (("--mode", "ar", "--pipeline", "adaptive"), "error: --pipeline adaptive is for --mode"),
     ],
 )
 def test_bad_flags_are_one_line(flags, message):

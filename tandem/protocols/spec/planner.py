@@ -86,6 +86,13 @@ class Costs:
         )
 
 
+# What a controller assumes before it has measured anything (seconds): a guess under which
+# its first plan speculates (a draft step half the target's AR step, a block nearly as cheap
+# to verify as one token, as on a GPU), so a first eager generation measures every cost; each
+# figure gives way to the first measurement of it (Controller._avg).
+UNMEASURED = Costs(t_draft=0.03, decode_base=0.05, decode_per_token=0.01, rtt=0.05)
+
+
 def preempt_threshold(t_ar: float, per_token: float, alpha: float, drafts: int) -> float:
     """How long into an AR step a request with `drafts` drafts from the step's position may
     arrive and still stop it with profit. Stopping loses the time run and verifies the step's

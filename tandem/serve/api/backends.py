@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from tandem.config import SamplingConfig
-from tandem.errors import TandemError
+from tandem.errors import ModeNotServed, TandemError
 from tandem.models.base import CausalLM
 from tandem.protocols.decoding import OnToken
 from tandem.protocols.report import finish_of
@@ -203,7 +203,8 @@ class LocalBackend:
 
 @dataclass(frozen=True, kw_only=True)
 class SpecSettings:
-    """The speculative-decoding knobs of `tandem device serve` (SpecConfig minus sampling)."""
+    """The speculative-decoding knobs of `tandem device serve` (SpecConfig minus sampling);
+    pipeline "adaptive" = eager with the adaptive controller (SpecBackend)."""
 
     pipeline: str = "async"
     codec: str = "dense"
@@ -280,7 +281,14 @@ class CloudBackend:
 
 
 class SpecBackend(CloudBackend):
-    """Device drafts, cloud verifies (`tandem cloud serve`); falls back to the device model."""
+    """Device drafts, cloud verifies (`tandem cloud serve`); falls back to the device model.
+
+    Pipeline "adaptive": the eager pipeline with one adaptive controller for the backend's
+    life (tandem.protocols.spec.planner.Controller), so each request starts from what the
+    earlier ones measured. Before a request it plans cloud AR or eager (the first plan
+    speculates: `planner.UNMEASURED`); a request planned as AR runs as the cloud's plain AR
+    stream (as `tandem.serve.device.run_generation` does), an eager one re-plans its draft
+    length, or no drafting, every round, and with `branch_below` whether to branch."""
 
     mode = "spec"
 
@@ -295,13 +303,19 @@ class SpecBackend(CloudBackend):
     ) -> None:
         super().__init__(lm, host=host, port=port, transport=transport)
         self.spec = spec or SpecSettings()
+        self.controller = None
+        if self.spec.pipeline == "adaptive":
+            from tandem.protocols.spec.planner import UNMEASURED, Controller
+
+            self.controller = Controller(prior=UNMEASURED)
 
     def config(self, params: GenParams):
         from tandem.protocols.spec.config import SpecConfig
 
         spec = self.spec
         return SpecConfig(
-            pipeline=spec.pipeline, codec=spec.codec, codec_params=spec.codec_params,
+            pipeline="eager" if spec.pipeline == "adaptive" else spec.pipeline,
+            codec=spec.codec, codec_params=spec.codec_params,
             draft_len=spec.draft_len, bit_budget=spec.bit_budget, downlink_k=spec.downlink_k,
             fast_verify=spec.fast_verify, truncate_factor=spec.truncate_factor,
             verify_calls=spec.verify_calls, branch_below=spec.branch_below,
@@ -312,12 +326,24 @@ class SpecBackend(CloudBackend):
 
     async def _collaborate(self, prompt_ids, params: GenParams, config, recorder: Recorder, info):
         from tandem.protocols.spec.device import run_device
+        from tandem.serve.device import plans_cloud_ar
 
+        controller = self.controller
+        if plans_cloud_ar(controller, config):
+            report = await stream_cloud_ar(self, prompt_ids, config, recorder, info, "adaptive")
+            if report is not None:
+                if tpot := report.summary()["tpot_ms"]:
+                    controller.observe_ar(tpot / 1e3)
+                info["plan"] = "ar"
+                return report
+        if controller is not None:
+            info["plan"] = "eager"
         channel = await self._connect(info)
         try:
             report = await run_device(
-                channel, self.lm, prompt_ids, config, on_token=recorder, close=False
-            )
+                channel, self.lm, prompt_ids, config, on_token=recorder, close=False,
+                controller=controller,
+            )  # fmt: skip
             summary = report.summary()
             info.update(
                 acceptance_rate=summary["acceptance_rate"],
@@ -350,13 +376,26 @@ class CloudARBackend(CloudBackend):
         )  # fmt: skip
 
     async def _collaborate(self, prompt_ids, params: GenParams, config, recorder: Recorder, info):
-        from tandem.baselines.spec_baselines import run_cloud_ar
+        return await stream_cloud_ar(self, prompt_ids, config, recorder, info)
 
-        channel = await self._connect(info)
-        try:
-            return await run_cloud_ar(
-                channel, self.lm.tokenizer, prompt_ids, config, on_token=recorder, close=False
-            )
-        finally:
-            info["rtt_s"] = channel.rtt
-            await self._close(channel, info, "ar done")
+
+async def stream_cloud_ar(
+    backend: CloudBackend, prompt_ids, config, recorder: Recorder, info: dict, why: str = ""
+):
+    """One generation as the cloud's AR stream; `why` set (a spec backend that planned AR):
+    None where the cloud does not serve the AR mode, before any token (the caller runs its
+    own pipeline instead)."""
+    from tandem.baselines.spec_baselines import run_cloud_ar
+
+    channel = await backend._connect(info)
+    try:
+        return await run_cloud_ar(
+            channel, backend.lm.tokenizer, prompt_ids, config, on_token=recorder, close=False
+        )
+    except ModeNotServed:
+        if not why:
+            raise
+        return None
+    finally:
+        info["rtt_s"] = channel.rtt
+        await backend._close(channel, info, f"{why or 'ar'} done")

@@ -171,6 +171,9 @@ class PrivateSpecBackend(CloudBackend):
 
         if not settings.corpus:
             raise TandemError("--mode private-spec needs --corpus (the device's private corpus)")
+        if settings.pipeline == "adaptive":
+            raise TandemError("--pipeline adaptive is for --mode spec; private-spec runs sync, "
+                              "async or eager")  # fmt: skip
         index = ensure_index(settings.corpus, tokenizer=lm.tokenizer, tokenizer_name=settings.model)
         spec = dict(
             pipeline=settings.pipeline, draft_len=settings.draft_len,

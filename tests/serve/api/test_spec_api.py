@@ -45,6 +45,41 @@ def test_spec_greedy_equals_the_cloud_models_greedy(tiny_lm, tiny_lm_b, knobs):
         cloud.stop()
 
 
+def test_adaptive_keeps_one_controller_and_the_cloud_models_greedy(tiny_lm, tiny_lm_b):
+    """`pipeline = "adaptive"`: the first request speculates (nothing measured yet: eager);
+    the controller lives across requests; where it plans cloud AR the request runs as the
+    cloud's AR stream. Either way the answer is the cloud model's greedy answer."""
+    from tandem.protocols.spec.planner import Controller
+
+    cloud = CloudThread(tiny_lm_b)
+    server = api(tiny_lm, mode="spec", cloud=f"127.0.0.1:{cloud.port}", pipeline="adaptive",
+                 branch_below=0.5)  # fmt: skip
+    backend = server.app.state.engine.backend
+    prompt = "def add(a, b):"
+    expected = greedy_text(tiny_lm_b, tiny_lm.tokenizer.encode(prompt), N)
+    try:
+        controller = backend.controller
+        assert isinstance(controller, Controller)
+        reply = completion(server.url, prompt)
+        assert reply["choices"][0]["text"] == expected
+        assert reply["tandem"]["plan"] == "eager" and reply["tandem"]["degraded"] is False
+        assert backend.controller is controller and controller._t_draft is not None  # measured
+        controller._t_draft = 10 * controller.costs().t_ar  # drafting cannot pay now
+        reply = completion(server.url, prompt)
+        assert reply["choices"][0]["text"] == expected
+        assert reply["tandem"]["plan"] == "ar" and reply["tandem"]["bytes_down"] > 0
+    finally:
+        server.stop()
+        cloud.stop()
+
+
+def test_adaptive_is_for_spec_only(tiny_lm):
+    from tandem.errors import TandemError
+
+    with pytest.raises(TandemError, match="adaptive is for --mode spec"):
+        api(tiny_lm, mode="private-spec", corpus="stdlib", pipeline="adaptive")
+
+
 def test_cloud_killed_mid_stream_then_back(tiny_lm, tiny_lm_b):
     n, prompt = 40, "class Stack:\n"
     ids = tiny_lm.tokenizer.encode(prompt)
