@@ -210,6 +210,7 @@ class Controller:
     _confidence: list[float] = field(default_factory=lambda: [0.0] * 5)
     _branch_plans: dict[tuple, tuple[bool, float]] = field(default_factory=dict)
     branch_choice: bool = True  # the last answer of `branches_pay_at` (before any: branch)
+    exploring: bool = False  # plan() leaves cloud AR out (the caller measures speculation)
 
     def _avg(self, old: float | None, new: float) -> float:
         return new if old is None else (1 - self.weight) * old + self.weight * new
@@ -308,4 +309,9 @@ class Controller:
         return self._branch_plans[key]
 
     def plan(self, methods: tuple[str, ...] | None = None) -> Plan:
-        return best(self.alpha_estimate, self.costs(), methods or self.methods, self.gammas)
+        """The best plan at the running estimates; while `exploring`, among the speculative
+        methods only (a generation run to measure them again)."""
+        methods = methods or self.methods
+        if self.exploring:
+            methods = tuple(m for m in methods if m != "ar") or methods
+        return best(self.alpha_estimate, self.costs(), methods, self.gammas)

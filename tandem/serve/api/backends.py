@@ -288,9 +288,14 @@ class SpecBackend(CloudBackend):
     earlier ones measured. Before a request it plans cloud AR or eager (the first plan
     speculates: `planner.UNMEASURED`); a request planned as AR runs as the cloud's plain AR
     stream (as `tandem.serve.device.run_generation` does), an eager one re-plans its draft
-    length, or no drafting, every round, and with `branch_below` whether to branch."""
+    length, or no drafting, every round, and with `branch_below` whether to branch. An AR
+    stream measures only the target's step, so after `explore_every` - 1 requests in a row
+    planned as AR the next one runs eager with the controller `exploring` (drafting in every
+    round, the draft length re-planned), to measure speculation again: a regime that turned in
+    its favour (a shorter round trip, a busier cloud) is noticed within that many requests."""
 
     mode = "spec"
+    explore_every = 16
 
     def __init__(
         self,
@@ -304,6 +309,7 @@ class SpecBackend(CloudBackend):
         super().__init__(lm, host=host, port=port, transport=transport)
         self.spec = spec or SpecSettings()
         self.controller = None
+        self._ar_streak = 0  # requests in a row planned as cloud AR
         if self.spec.pipeline == "adaptive":
             from tandem.protocols.spec.planner import UNMEASURED, Controller
 
@@ -329,15 +335,24 @@ class SpecBackend(CloudBackend):
         from tandem.serve.device import plans_cloud_ar
 
         controller = self.controller
-        if plans_cloud_ar(controller, config):
-            report = await stream_cloud_ar(self, prompt_ids, config, recorder, info, "adaptive")
-            if report is not None:
-                if tpot := report.summary()["tpot_ms"]:
-                    controller.observe_ar(tpot / 1e3)
-                info["plan"] = "ar"
-                return report
         if controller is not None:
-            info["plan"] = "eager"
+            controller.exploring = False  # (an exploring request that failed to connect)
+        if plans_cloud_ar(controller, config):
+            self._ar_streak += 1
+            if self._ar_streak < self.explore_every:
+                report = await stream_cloud_ar(
+                    self, prompt_ids, config, recorder, info, optional=True
+                )
+                if report is not None:
+                    if tpot := report.summary()["tpot_ms"]:
+                        controller.observe_ar(tpot / 1e3)
+                    info["plan"] = "ar"
+                    return report
+            else:
+                controller.exploring = True
+        if controller is not None:
+            info["plan"] = "explore" if controller.exploring else "eager"
+            self._ar_streak = 0
         channel = await self._connect(info)
         try:
             report = await run_device(
@@ -353,6 +368,8 @@ class SpecBackend(CloudBackend):
                 network_ms=summary["network_ms"],
             )
         finally:
+            if controller is not None:
+                controller.exploring = False
             rtt = channel.rtt
             if rtt is None and info.get("network_ms"):
                 rtt = info["network_ms"] / 1e3
@@ -380,11 +397,11 @@ class CloudARBackend(CloudBackend):
 
 
 async def stream_cloud_ar(
-    backend: CloudBackend, prompt_ids, config, recorder: Recorder, info: dict, why: str = ""
-):
-    """One generation as the cloud's AR stream; `why` set (a spec backend that planned AR):
-    None where the cloud does not serve the AR mode, before any token (the caller runs its
-    own pipeline instead)."""
+    backend: CloudBackend, prompt_ids, config, recorder: Recorder, info: dict, *,
+    optional: bool = False,
+):  # fmt: skip
+    """One generation as the cloud's AR stream. `optional` (a spec backend that planned AR and
+    has its own pipeline): None where the cloud does not serve the AR mode, before any token."""
     from tandem.baselines.spec_baselines import run_cloud_ar
 
     channel = await backend._connect(info)
@@ -393,9 +410,9 @@ async def stream_cloud_ar(
             channel, backend.lm.tokenizer, prompt_ids, config, on_token=recorder, close=False
         )
     except ModeNotServed:
-        if not why:
+        if not optional:
             raise
         return None
     finally:
         info["rtt_s"] = channel.rtt
-        await backend._close(channel, info, f"{why or 'ar'} done")
+        await backend._close(channel, info, "ar done")

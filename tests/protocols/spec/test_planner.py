@@ -106,3 +106,17 @@ def test_controller_moves_from_its_prior_to_what_it_measures():
         cold.observe_drafts(0, 1)
     assert cold.alpha_estimate < 0.2
     assert cold.plan(("ar", "eager")).method == "ar"  # eager only ties it: the simpler wins
+
+
+def test_exploring_leaves_cloud_ar_out_and_unmeasured_speculates():
+    from tandem.protocols.spec.planner import UNMEASURED
+
+    assert Controller(prior=UNMEASURED).plan(("ar", "eager")).method == "eager"
+    controller = Controller(prior=CPU, alpha=0.9)
+    assert controller.plan(("ar", "eager")).method == "ar"
+    controller.exploring = True
+    plan = controller.plan(("ar", "eager"))
+    assert plan.method == "eager" and plan.gamma >= 1 and "ar" not in plan.table
+    assert controller.plan(("ar",)).method == "ar"  # nothing else to explore: as asked
+    controller.exploring = False
+    assert controller.plan(("ar", "eager")).method == "ar"

@@ -48,7 +48,8 @@ def test_spec_greedy_equals_the_cloud_models_greedy(tiny_lm, tiny_lm_b, knobs):
 def test_adaptive_keeps_one_controller_and_the_cloud_models_greedy(tiny_lm, tiny_lm_b):
     """`pipeline = "adaptive"`: the first request speculates (nothing measured yet: eager);
     the controller lives across requests; where it plans cloud AR the request runs as the
-    cloud's AR stream. Either way the answer is the cloud model's greedy answer."""
+    cloud's AR stream, and every `explore_every`-th such request runs eager again to measure
+    speculation. Every time the answer is the cloud model's greedy answer."""
     from tandem.protocols.spec.planner import Controller
 
     cloud = CloudThread(tiny_lm_b)
@@ -64,10 +65,16 @@ def test_adaptive_keeps_one_controller_and_the_cloud_models_greedy(tiny_lm, tiny
         assert reply["choices"][0]["text"] == expected
         assert reply["tandem"]["plan"] == "eager" and reply["tandem"]["degraded"] is False
         assert backend.controller is controller and controller._t_draft is not None  # measured
-        controller._t_draft = 10 * controller.costs().t_ar  # drafting cannot pay now
+        slow = controller._t_draft = 10 * controller.costs().t_ar  # drafting cannot pay now
+        backend.explore_every = 2  # the second request in a row planned as AR explores
         reply = completion(server.url, prompt)
         assert reply["choices"][0]["text"] == expected
         assert reply["tandem"]["plan"] == "ar" and reply["tandem"]["bytes_down"] > 0
+        assert controller._t_draft == slow  # an AR stream drafts nothing
+        reply = completion(server.url, prompt)
+        assert reply["choices"][0]["text"] == expected
+        assert reply["tandem"]["plan"] == "explore" and not controller.exploring
+        assert controller._t_draft < slow  # speculation measured again
     finally:
         server.stop()
         cloud.stop()
