@@ -140,6 +140,9 @@ def sweep(bed, *, methods, delays, questions, tokens: int, console: Console) -> 
 
 
 ISOLATION = "processes: device and cloud each pinned from start to their own set"
+# what runs beside them on the same cores (its CPU lands on the machines' cores: ~0.5-0.9 ms a
+# token, docs/network.md)
+SHARED = ["the delay proxy (the wire, not pinned)"]
 
 
 def measure(
@@ -292,7 +295,7 @@ def run(
     tokens = tokens or (8 if quick else 64)
     chosen = QUESTIONS[: questions or (1 if quick else len(QUESTIONS))]
     started = time.perf_counter()
-    machines = Machines(cpus=cpus or role_cpus(), isolation=ISOLATION)
+    machines = Machines(cpus=cpus or role_cpus(), isolation=ISOLATION, shared=SHARED)
     runs, network = measure(
         model=model, public=public, private=private, net_name=net_name, methods=methods,
         delays=delays, questions=chosen, tokens=tokens, console=console, machines=machines,

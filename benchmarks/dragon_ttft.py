@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from benchmarks import RESULTS
-from benchmarks.dragon_latency import ISOLATION, LABELS, QUESTIONS, mean_of, measure
+from benchmarks.dragon_latency import ISOLATION, LABELS, QUESTIONS, SHARED, mean_of, measure
 from benchmarks.report import Machines, new_figure, save_json, save_png
 
 METHODS = ("drcg-text", "drcg-kv", "dragon", "crcg-device", "crcg-cloud")
@@ -50,7 +50,7 @@ def run(
     delays = delays or ((0.0, 100.0) if quick else (0.0, 100.0, 200.0, 300.0))
     chosen = QUESTIONS[: questions or (1 if quick else len(QUESTIONS))]
     started = time.perf_counter()
-    machines = Machines(cpus=cpus or role_cpus(), isolation=ISOLATION)
+    machines = Machines(cpus=cpus or role_cpus(), isolation=ISOLATION, shared=SHARED)
     runs, network = measure(
         model=model, public=public, private=private, net_name=net_name, methods=methods,
         delays=delays, questions=chosen, tokens=2, console=console, machines=machines,

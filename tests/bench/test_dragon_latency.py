@@ -96,6 +96,7 @@ def test_quick_latency_and_ttft_runs(tmp_path, monkeypatch):
     assert saved["setup"]["network"]["mode"] in ("netns", "loopback")
     sets = plan()  # each side a process on its own cores, as it saw itself
     assert saved["machines"]["cpus"] == sets
+    assert any("delay proxy" in what for what in saved["machines"]["shared"])  # not pinned
     for role in ("device", "cloud"):
         seen = saved["machines"]["observed"][role]
         assert seen["cpus"] == sets[role] and seen["engine_threads"] == len(sets[role])
