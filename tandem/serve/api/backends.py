@@ -13,6 +13,11 @@ Words used here:
 `generate` is synchronous and runs in the engine's worker thread (it may run its own event
 loop); backends connect to the cloud per request, so a cloud that comes back is used again by
 the next request.
+
+Why one file: the protocol, its result and the fallback every cloud mode shares (`Recorder`,
+`finish_alone`) sit beside the backends of the modes without retrieval (local, spec, ar,
+fake), which are each a few dozen lines over `CloudBackend`; the retrieval modes, which bring
+their corpora, live in retrieval.py.
 """
 
 from __future__ import annotations
