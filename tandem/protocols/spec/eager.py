@@ -306,10 +306,12 @@ class EagerDrafter(Drafter):
         below, end = self.config.branch_below, self.config.max_new_tokens
         if not below:
             return
-        top = torch.softmax(row.double(), dim=-1).topk(2)
-        first, second = (int(i) for i in top.indices)
+        values, indices = row.topk(2)
+        first, second = (int(i) for i in indices)
         token = second if first == draft.token else first
-        unsure = float(top.values[0]) < below
+        # the top probability, 1 / sum exp(row - max): no softmax of the whole row in float64
+        # (0.56 instead of 0.94 ms on a 151,936-entry row, one core of this box)
+        unsure = 1.0 / float(torch.exp(row - values[0]).sum(dtype=torch.float64)) < below
         self._unsure[draft.position] = (unsure, token)
         if not unsure or not self.branching or self.branch is not None or draft.position + 1 >= end:
             return
