@@ -13,7 +13,8 @@ Reads the result files (unchanged) and derives, per RTT:
   passes where the file has them, else the mean pass of spec-async), the RTT of the run,
   and each mode's own pooled acceptance rate; `model_error` = predicted / measured - 1;
 - `epoch_model`: the epoch model's (`tandem.protocols.spec.epochs`, our pipelines' own rules)
-  decode rate of async and eager, from the same run's draft step, RTT and the cloud's passes
+  decode rate of async, eager and eager with branches (`spec-eager-branch`, its branches priced
+  with the rates its own runs counted), from the same run's draft step, RTT and the cloud's passes
   (a line fitted to each pass's drafts and time, `cloud_passes`; result files recorded before
   the bench kept them have no such check);
 - `exactness`: per exact mode, whether its pass@1 equals cloud AR's and in how many problems
@@ -24,6 +25,7 @@ Reads the result files (unchanged) and derives, per RTT:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 from pathlib import Path
@@ -32,8 +34,9 @@ from typing import Any
 from benchmarks.report import new_figure, save_json, save_png
 from tandem.errors import TandemError
 
-FIXED = ("ar", "spec-async", "spec-eager")  # exact modes with a fixed plan
-MODEL = {"ar": "ar", "spec-async": "async", "spec-eager": "eager"}
+FIXED = ("ar", "spec-async", "spec-eager", "spec-eager-branch")  # exact modes, fixed plans
+MODEL = {"ar": "ar", "spec-async": "async", "spec-eager": "eager"}  # the closed forms' methods
+PASSES = (*MODEL, "spec-eager-branch")  # modes whose cloud passes the pass line is fitted to
 
 
 def _mean(values: list[float]) -> float | None:
@@ -102,7 +105,7 @@ def summarize(payload: dict[str, Any]) -> dict[str, Any]:
                 "measured_decode_tok_s": measured, "model_error": predicted / measured - 1.0,
             }  # fmt: skip
         record["eq9"] = model
-    if epoch := _epoch_check(setup, line, per_mode, t_draft):
+    if epoch := _epoch_check(setup, line, per_mode, t_draft, runs):
         record["epoch_model"] = epoch
     exactness = payload.get("exactness") or {}
     record["exactness"] = exactness.get("per_mode")
@@ -139,7 +142,7 @@ def _pass_line(runs: list[dict]) -> tuple[float, float] | None:
     pass sizes."""
     points = []
     for r in runs:
-        if r["mode"] in MODEL and "cloud_passes" in r:
+        if r["mode"] in PASSES and "cloud_passes" in r:
             passes = r["cloud_passes"]
             points += zip(passes["drafts"], passes["verify_ms"], strict=True)
     if len({n for n, _ in points}) < 2:
@@ -148,9 +151,10 @@ def _pass_line(runs: list[dict]) -> tuple[float, float] | None:
     return intercept, slope
 
 
-def _epoch_check(setup, line, per_mode, t_draft) -> dict[str, Any] | None:
-    """The epoch model's (tandem.protocols.spec.epochs) decode rate of async and eager from
-    the pass line, the draft step and the RTT of this run, against the measured one."""
+def _epoch_check(setup, line, per_mode, t_draft, runs) -> dict[str, Any] | None:
+    """The epoch model's (tandem.protocols.spec.epochs) decode rate of async, eager and eager
+    with branches from the pass line, the draft step and the RTT of this run, against the
+    measured one; eager-branch's branches priced with its own counts (`branching_of`)."""
     from tandem.protocols.spec import epochs
     from tandem.protocols.spec.planner import Costs
 
@@ -172,7 +176,41 @@ def _epoch_check(setup, line, per_mode, t_draft) -> dict[str, Any] | None:
             "alpha": alpha, "predicted_decode_tok_s": predicted,
             "measured_decode_tok_s": measured, "model_error": predicted / measured - 1.0,
         }  # fmt: skip
+    mode = "spec-eager-branch"
+    branching = branching_of(runs, mode, setup)
+    if mode in per_mode and per_mode[mode]["decode_tok_s"] and branching is not None:
+        alpha = per_mode[mode]["acceptance_rate"] or 0.0
+        predicted = epochs.branch_rate(alpha, block, costs, branching)
+        measured = per_mode[mode]["decode_tok_s"]
+        check["per_mode"][mode] = {
+            "alpha": alpha, "branching": dataclasses.asdict(branching),
+            "predicted_decode_tok_s": predicted, "measured_decode_tok_s": measured,
+            "model_error": predicted / measured - 1.0,
+            "predicted_branch_gain": epochs.branch_gain(alpha, block, costs, branching),
+        }  # fmt: skip
     return check
+
+
+def branching_of(runs: list[dict], mode: str, setup: dict):
+    """A mode's branch rates from its runs' counts (`runs[].branches.confidence`, summed):
+    planner.Branching, or None where the runs counted nothing (no branches, older files)."""
+    from tandem.protocols.spec.planner import Branching
+
+    keys = ("match", "unsure_match", "miss", "unsure_miss", "second")
+    totals = dict.fromkeys(keys, 0)
+    for r in runs:
+        if r["mode"] == mode and "confidence" in r.get("branches", {}):
+            for key in keys:
+                totals[key] += r["branches"]["confidence"][key]
+    if not totals["match"] or not totals["miss"]:
+        return None
+    length = setup.get("modes", {}).get(mode, {}).get("branch_len", 4)
+    return Branching(
+        unsure_match=totals["unsure_match"] / totals["match"],
+        unsure_miss=totals["unsure_miss"] / totals["miss"],
+        second=totals["second"] / totals["unsure_miss"] if totals["unsure_miss"] else 0.0,
+        length=length,
+    )
 
 
 def run(

@@ -99,6 +99,41 @@ def test_the_epoch_model_is_priced_on_the_pass_line_fitted_to_the_clouds_passes(
         )
 
 
+def test_eager_branch_is_priced_with_the_rates_its_runs_counted():
+    from tandem.protocols.spec import epochs
+    from tandem.protocols.spec.planner import Branching
+
+    data = payload()
+    data["table"].append({"mode": "spec-eager-branch", "tokens_per_s": 6.9, "pass_at_1": 0.5,
+                          "acceptance_rate": 0.9})  # fmt: skip
+    counts = {"match": 45, "unsure_match": 9, "miss": 5, "unsure_miss": 4, "second": 3}
+    data["runs"].append({**_run("spec-eager-branch", 85.0, drafted=40, t_draft=50.0),
+                         "branches": {"opened": 6, "confidence": counts}})  # fmt: skip
+    data["runs"].append({**_run("spec-eager-branch", 85.0, drafted=40, t_draft=50.0),
+                         "branches": {"opened": 6, "confidence": counts}})  # fmt: skip
+    for run_ in data["runs"]:
+        if run_["mode"] in ("spec-async", "spec-eager"):
+            run_["cloud_passes"] = {"drafts": [1, 4], "verify_ms": [170, 410], "ar_step_ms": []}
+    record = summarize(data)
+    assert record["best_fixed"] == "ar"  # 7.0 against eager-branch's 6.9: a fixed mode too
+    got = record["epoch_model"]["per_mode"]["spec-eager-branch"]
+    branching = Branching(unsure_match=0.2, unsure_miss=0.8, second=0.75, length=4)
+    assert got["branching"] == pytest.approx(
+        {"unsure_match": 0.2, "unsure_miss": 0.8, "second": 0.75, "length": 4, "refeed_s": 0.0}
+    )
+    costs = Costs(t_draft=0.05, decode_base=0.01, decode_per_token=0.08, rtt=0.1)
+    assert got["predicted_decode_tok_s"] == pytest.approx(
+        epochs.branch_rate(0.9, 4, costs, branching)
+    )
+    assert got["model_error"] == pytest.approx(got["predicted_decode_tok_s"] / (1000 / 85) - 1)
+    assert got["predicted_branch_gain"] == pytest.approx(
+        epochs.branch_gain(0.9, 4, costs, branching)
+    )
+    for run_ in data["runs"]:  # no counts (branches off, older files): no branch check
+        run_.pop("branches", None)
+    assert "spec-eager-branch" not in summarize(data)["epoch_model"]["per_mode"]
+
+
 def test_departures_from_ar_are_carried_and_margins_measured_where_the_run_had_none(tmp_path):
     from benchmarks import humaneval_tasks as tasks
     from tandem.models.registry import load_model
