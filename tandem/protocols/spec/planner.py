@@ -89,7 +89,9 @@ class Costs:
 # What a controller assumes before it has measured anything (seconds): a guess under which
 # its first plan speculates (a draft step half the target's AR step, a block nearly as cheap
 # to verify as one token, as on a GPU), so a first eager generation measures every cost; each
-# figure gives way to the first measurement of it (Controller._avg).
+# figure gives way to the first measurement of it (Controller._avg). With it, set
+# `measure_first`: a target AR step measured before any draft step (a fast cloud) must not
+# meet the assumed draft step and stop the drafting that would measure it.
 UNMEASURED = Costs(t_draft=0.03, decode_base=0.05, decode_per_token=0.01, rtt=0.05)
 
 
@@ -211,6 +213,9 @@ class Controller:
     _branch_plans: dict[tuple, tuple[bool, float]] = field(default_factory=dict)
     branch_choice: bool = True  # the last answer of `branches_pay_at` (before any: branch)
     exploring: bool = False  # plan() leaves cloud AR out (the caller measures speculation)
+    # plan() also leaves it out until a draft step is measured: for a prior that is a guess
+    # (UNMEASURED), so that no plan rests on an assumed draft cost
+    measure_first: bool = False
 
     def _avg(self, old: float | None, new: float) -> float:
         return new if old is None else (1 - self.weight) * old + self.weight * new
@@ -309,9 +314,9 @@ class Controller:
         return self._branch_plans[key]
 
     def plan(self, methods: tuple[str, ...] | None = None) -> Plan:
-        """The best plan at the running estimates; while `exploring`, among the speculative
-        methods only (a generation run to measure them again)."""
+        """The best plan at the running estimates; while `exploring` (and, with
+        `measure_first`, until a draft step is measured), among the speculative methods only."""
         methods = methods or self.methods
-        if self.exploring:
+        if self.exploring or (self.measure_first and self._t_draft is None):
             methods = tuple(m for m in methods if m != "ar") or methods
         return best(self.alpha_estimate, self.costs(), methods, self.gammas)

@@ -318,7 +318,7 @@ class SpecBackend(CloudBackend):
         if self.spec.pipeline == "adaptive":
             from tandem.protocols.spec.planner import UNMEASURED, Controller
 
-            self.controller = Controller(prior=UNMEASURED)
+            self.controller = Controller(prior=UNMEASURED, measure_first=True)
 
     def config(self, params: GenParams):
         from tandem.protocols.spec.config import SpecConfig

@@ -120,3 +120,11 @@ def test_exploring_leaves_cloud_ar_out_and_unmeasured_speculates():
     assert controller.plan(("ar",)).method == "ar"  # nothing else to explore: as asked
     controller.exploring = False
     assert controller.plan(("ar", "eager")).method == "ar"
+    # a guessed prior: a fast target step measured before any draft step does not stop the
+    # drafting that would measure the draft step (measure_first); the first draft step does
+    fresh = Controller(prior=UNMEASURED, measure_first=True)
+    fresh.observe_ar(0.001)
+    assert fresh.plan(("ar", "eager")).method == "eager"
+    assert Controller(prior=UNMEASURED).plan(("ar", "eager")).method == "eager"
+    fresh.observe_draft(0.03)
+    assert fresh.plan(("ar", "eager")).method == "ar"
