@@ -124,7 +124,7 @@ def run(
     from tandem.protocols.decoding import text_stream
     from tandem.protocols.spec.config import PIPELINES, SpecConfig
     from tandem.protocols.spec.stats import summary_table
-    from tandem.serve.api.backends import GenParams
+    from tandem.serve.api.backends import GenParams, protocol_pipeline
     from tandem.serve.api.server import build_backend
     from tandem.serve.device import DEVICE_MODES
     from tandem.serve.settings import DeviceServeSettings, merge_flags
@@ -152,7 +152,8 @@ def run(
     if pipeline == "adaptive" and mode != "spec":
         raise TandemError("--pipeline adaptive is for --mode spec")
     config = SpecConfig(  # checks the flags before the model loads
-        pipeline="eager" if pipeline == "adaptive" else pipeline, codec=codec or "dense", codec_params=parse_params(codec_param),
+        pipeline=protocol_pipeline(pipeline), codec=codec or "dense",
+        codec_params=parse_params(codec_param),
         draft_len=draft_len, bit_budget=bit_budget, downlink_k=downlink_k,
         fast_verify=fast_verify, first_chunk=1, truncate_factor=truncate_factor,
         verify_calls=verify_calls, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,

@@ -285,6 +285,12 @@ class CloudBackend:
         return await probe_cloud(self.host, self.port, self.transport)
 
 
+def protocol_pipeline(pipeline: str) -> str:
+    """The protocol's pipeline (SpecConfig.pipeline) of a serving pipeline name: "adaptive" runs
+    the eager pipeline (with a controller, `SpecBackend`)."""
+    return "eager" if pipeline == "adaptive" else pipeline
+
+
 class SpecBackend(CloudBackend):
     """Device drafts, cloud verifies (`tandem cloud serve`); falls back to the device model.
 
@@ -325,7 +331,7 @@ class SpecBackend(CloudBackend):
 
         spec = self.spec
         return SpecConfig(
-            pipeline="eager" if spec.pipeline == "adaptive" else spec.pipeline,
+            pipeline=protocol_pipeline(spec.pipeline),
             codec=spec.codec, codec_params=spec.codec_params,
             draft_len=spec.draft_len, bit_budget=spec.bit_budget, downlink_k=spec.downlink_k,
             fast_verify=spec.fast_verify, truncate_factor=spec.truncate_factor,
@@ -339,12 +345,11 @@ class SpecBackend(CloudBackend):
         from tandem.protocols.spec.device import run_device
         from tandem.serve.device import plans_cloud_ar
 
-        controller = self.controller
-        if controller is not None:
-            controller.exploring = False  # (an exploring request that failed to connect)
+        controller, explore = self.controller, False
         if plans_cloud_ar(controller, config):
             self._ar_streak += 1
-            if self._ar_streak < self.explore_every:
+            explore = self._ar_streak >= self.explore_every
+            if not explore:
                 report = await stream_cloud_ar(
                     self, prompt_ids, config, recorder, info, optional=True
                 )
@@ -353,13 +358,13 @@ class SpecBackend(CloudBackend):
                         controller.observe_ar(tpot / 1e3)
                     info["plan"] = "ar"
                     return report
-            else:
-                controller.exploring = True
         if controller is not None:
-            info["plan"] = "explore" if controller.exploring else "eager"
+            info["plan"] = "explore" if explore else "eager"
             self._ar_streak = 0
         channel = await self._connect(info)
         try:
+            if controller is not None:
+                controller.exploring = explore  # for this generation only (finally)
             report = await run_device(
                 channel, self.lm, prompt_ids, config, on_token=recorder, close=False,
                 controller=controller,
