@@ -20,7 +20,7 @@ from tandem.models.base import CausalLM
 from tandem.protocols.decoding import OnToken
 from tandem.protocols.spec.config import SpecConfig
 from tandem.protocols.spec.device import run_device
-from tandem.protocols.spec.planner import Controller
+from tandem.protocols.spec.planner import Controller, Generations
 from tandem.protocols.spec.stats import SpecReport
 from tandem.transport import TransportConfig, connect
 
@@ -40,7 +40,9 @@ async def run_generation(
     controller: Controller | None = None,
 ) -> SpecReport:
     """One generation in `mode` (see the module docstring); `controller`: the eager pipeline's
-    adaptive controller (tandem.protocols.spec.planner), kept by the caller across generations."""
+    adaptive controller (tandem.protocols.spec.planner), kept by the caller across generations;
+    its plan before the generation (planner.Generations, without exploring) may be the cloud's
+    AR stream."""
     from tandem.baselines.spec_baselines import run_cloud_ar, run_device_only
 
     if mode not in DEVICE_MODES:
@@ -50,7 +52,10 @@ async def run_generation(
     if mode == "local":
         return run_device_only(lm, prompt_ids, config, on_token=on_token)
     transport = transport or TransportConfig.for_model(lm, role="device", secret=None)
-    if mode == "ar" or plans_cloud_ar(controller, config):
+    adaptive = None
+    if mode == "spec" and controller is not None and config.pipeline == "eager":
+        adaptive = Generations(controller)
+    if mode == "ar" or (adaptive and adaptive.plan() == "ar"):
         channel = await connect(host, port, config=transport)
         try:
             report = await run_cloud_ar(
@@ -59,24 +64,12 @@ async def run_generation(
         except ModeNotServed:
             if mode == "ar":
                 raise  # else this cloud streams AR only inside the eager pipeline: run that
+            adaptive.not_served()
         else:
-            if mode == "spec" and (tpot := report.summary()["tpot_ms"]):
-                controller.observe_ar(tpot / 1e3)
+            if adaptive:
+                adaptive.measured_ar(report.summary()["tpot_ms"])
             return report
     channel = await connect(host, port, config=transport)
     return await run_device(
         channel, lm, prompt_ids, config, on_token=on_token, controller=controller
-    )
-
-
-def plans_cloud_ar(controller: Controller | None, config: SpecConfig) -> bool:
-    """Adaptive eager: the controller's plan before the generation is cloud AR. Then the
-    generation runs as the plain cloud AR stream (no draft-model prefill, no eager loop: the
-    target's law as before, ~3% faster per token and ~4% sooner at the first, measured on
-    HumanEval) and its time per token updates the controller's t_ar, as the eager pipeline's
-    AR steps did when it ran without drafting."""
-    return (
-        controller is not None
-        and config.pipeline == "eager"
-        and controller.plan(("ar", "eager")).method == "ar"
     )

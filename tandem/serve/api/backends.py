@@ -296,14 +296,12 @@ class SpecBackend(CloudBackend):
 
     Pipeline "adaptive": the eager pipeline with one adaptive controller for the backend's
     life (tandem.protocols.spec.planner.Controller), so each request starts from what the
-    earlier ones measured. Before a request it plans cloud AR or eager (the first plan
-    speculates: `planner.UNMEASURED`); a request planned as AR runs as the cloud's plain AR
-    stream (as `tandem.serve.device.run_generation` does), an eager one re-plans its draft
-    length, or no drafting, every round, and with `branch_below` whether to branch. An AR
-    stream measures only the target's step, so after `explore_every` - 1 requests in a row
-    planned as AR the next one runs eager with the controller `exploring` (drafting in every
-    round, the draft length re-planned), to measure speculation again: a regime that turned in
-    its favour (a shorter round trip, a busier cloud) is noticed within that many requests."""
+    earlier ones measured (the first plan speculates: `planner.UNMEASURED`). Before a request
+    `planner.Generations` plans it: the cloud's plain AR stream, eager (its draft length, or no
+    drafting, re-planned every round, and with `branch_below` whether to branch), or, after
+    `explore_every` - 1 requests in a row planned as AR, eager with the controller exploring,
+    to measure speculation again: a regime that turned in its favour (a shorter round trip, a
+    busier cloud) is noticed within that many requests."""
 
     mode = "spec"
     explore_every = 16
@@ -319,12 +317,12 @@ class SpecBackend(CloudBackend):
     ) -> None:
         super().__init__(lm, host=host, port=port, transport=transport)
         self.spec = spec or SpecSettings()
-        self.controller = None
-        self._ar_streak = 0  # requests in a row planned as cloud AR
+        self.controller = self.generations = None
         if self.spec.pipeline == "adaptive":
-            from tandem.protocols.spec.planner import UNMEASURED, Controller
+            from tandem.protocols.spec.planner import UNMEASURED, Controller, Generations
 
             self.controller = Controller(prior=UNMEASURED, measure_first=True)
+            self.generations = Generations(self.controller, explore_every=self.explore_every)
 
     def config(self, params: GenParams):
         from tandem.protocols.spec.config import SpecConfig
@@ -343,32 +341,27 @@ class SpecBackend(CloudBackend):
 
     async def _collaborate(self, prompt_ids, params: GenParams, config, recorder: Recorder, info):
         from tandem.protocols.spec.device import run_device
-        from tandem.serve.device import plans_cloud_ar
 
-        controller, explore = self.controller, False
-        if plans_cloud_ar(controller, config):
-            self._ar_streak += 1
-            explore = self._ar_streak >= self.explore_every
-            if not explore:
+        generations, plan = self.generations, "eager"
+        if generations is not None:
+            plan = generations.plan()
+            if plan == "ar":
                 report = await stream_cloud_ar(
                     self, prompt_ids, config, recorder, info, optional=True
                 )
                 if report is not None:
-                    if tpot := report.summary()["tpot_ms"]:
-                        controller.observe_ar(tpot / 1e3)
+                    generations.measured_ar(report.summary()["tpot_ms"])
                     info["plan"] = "ar"
                     return report
-        if controller is not None:
-            info["plan"] = "explore" if explore else "eager"
-            self._ar_streak = 0
+                plan = generations.not_served()
+            info["plan"] = plan
         channel = await self._connect(info)
         try:
-            if controller is not None:
-                controller.exploring = explore  # for this generation only (finally)
-            report = await run_device(
-                channel, self.lm, prompt_ids, config, on_token=recorder, close=False,
-                controller=controller,
-            )  # fmt: skip
+            with generations.running(plan) if generations else contextlib.nullcontext() as ctl:
+                report = await run_device(
+                    channel, self.lm, prompt_ids, config, on_token=recorder, close=False,
+                    controller=ctl,
+                )  # fmt: skip
             summary = report.summary()
             info.update(
                 acceptance_rate=summary["acceptance_rate"],
@@ -378,8 +371,6 @@ class SpecBackend(CloudBackend):
                 network_ms=summary["network_ms"],
             )
         finally:
-            if controller is not None:
-                controller.exploring = False
             rtt = channel.rtt
             if rtt is None and info.get("network_ms"):
                 rtt = info["network_ms"] / 1e3

@@ -128,3 +128,38 @@ def test_exploring_leaves_cloud_ar_out_and_unmeasured_speculates():
     assert Controller(prior=UNMEASURED).plan(("ar", "eager")).method == "eager"
     fresh.observe_draft(0.03)
     assert fresh.plan(("ar", "eager")).method == "ar"
+
+
+def test_generations_plan_ar_eager_and_explore_every_nth_ar():
+    """planner.Generations: a generation runs as the controller plans it; every
+    `explore_every`-th one in a row planned as AR explores (eager with `exploring` set for it
+    alone); an AR stream's time per token feeds t_ar; 0 never explores."""
+    from tandem.protocols.spec.planner import UNMEASURED, Generations
+
+    fresh = Generations(Controller(prior=UNMEASURED, measure_first=True), explore_every=3)
+    assert [fresh.plan(), fresh.plan()] == ["eager", "eager"]  # nothing measured: speculate
+    controller = Controller(prior=CPU, alpha=0.9)  # drafting cannot pay here
+    generations = Generations(controller, explore_every=3)
+    assert [generations.plan() for _ in range(7)] == ["ar", "ar", "explore"] * 2 + ["ar"]
+    with generations.running("explore") as running:
+        assert running is controller and controller.exploring
+        assert controller.plan(("ar", "eager")).method == "eager"
+    assert not controller.exploring
+    with pytest.raises(RuntimeError), generations.running("explore"):
+        raise RuntimeError("the generation failed")
+    assert not controller.exploring  # reset on failure too
+    with generations.running("eager"):
+        assert not controller.exploring
+    assert generations.plan() == "ar" and generations.streak == 2
+    assert generations.not_served() == "eager" and generations.streak == 0
+    generations.measured_ar(None)  # a one-token answer measured no step
+    assert controller.costs().t_ar == pytest.approx(CPU.t_ar)
+    generations.measured_ar(60.0)  # ms; the first measurement replaces the prior's
+    assert controller.costs().t_ar == pytest.approx(0.060)
+    never = Generations(Controller(prior=CPU, alpha=0.9))
+    assert {never.plan() for _ in range(40)} == {"ar"}
+    controller.observe_draft(0.001)  # drafting pays now: eager, and the streak restarts
+    controller.observe_verify(4, 0.07)
+    for _ in range(10):
+        controller.observe_drafts(10, 0)
+    assert generations.plan() == "eager" and generations.streak == 0

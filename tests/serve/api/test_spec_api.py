@@ -66,7 +66,7 @@ def test_adaptive_keeps_one_controller_and_the_cloud_models_greedy(tiny_lm, tiny
         assert reply["tandem"]["plan"] == "eager" and reply["tandem"]["degraded"] is False
         assert backend.controller is controller and controller._t_draft is not None  # measured
         slow = controller._t_draft = 10 * controller.costs().t_ar  # drafting cannot pay now
-        backend.explore_every = 2  # the second request in a row planned as AR explores
+        backend.generations.explore_every = 2  # the 2nd request in a row planned AR explores
         reply = completion(server.url, prompt)
         assert reply["choices"][0]["text"] == expected
         assert reply["tandem"]["plan"] == "ar" and reply["tandem"]["bytes_down"] > 0
