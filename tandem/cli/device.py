@@ -61,8 +61,8 @@ def run(
     codec: str = typer.Option(
         None,
         "--codec",
-        help="Uplink: dense, separate, k-sqs, c-sqs, top-k, top-p [dense; private-spec: k-sqs "
-        "k=3 ell=100, 64 bits per draft].",
+        help="Uplink: dense, separate, k-sqs, c-sqs, top-k, top-p [k-sqs k=3 ell=100: 64 bits "
+        "per draft token].",
     ),
     eta: float = typer.Option(
         None, "--eta", help="private-spec: pull of the private draft on the cloud's law [4]."
@@ -122,7 +122,7 @@ def run(
     from tandem.baselines.spec_baselines import run_device_only
     from tandem.models.registry import load_model
     from tandem.protocols.decoding import text_stream
-    from tandem.protocols.spec.config import PIPELINES, SpecConfig
+    from tandem.protocols.spec.config import PIPELINES, SpecConfig, device_codec
     from tandem.protocols.spec.stats import summary_table
     from tandem.serve.api.backends import GenParams, protocol_pipeline
     from tandem.serve.api.server import build_backend
@@ -151,9 +151,9 @@ def run(
         raise TandemError(f"spec: pipeline must be one of {', '.join(PIPELINES)}, adaptive")
     if pipeline == "adaptive" and mode != "spec":
         raise TandemError("--pipeline adaptive is for --mode spec")
+    uplink, uplink_params = device_codec(codec, parse_params(codec_param))
     config = SpecConfig(  # checks the flags before the model loads
-        pipeline=protocol_pipeline(pipeline), codec=codec or "dense",
-        codec_params=parse_params(codec_param),
+        pipeline=protocol_pipeline(pipeline), codec=uplink, codec_params=uplink_params,
         draft_len=draft_len, bit_budget=bit_budget, downlink_k=downlink_k,
         fast_verify=fast_verify, first_chunk=1, truncate_factor=truncate_factor,
         verify_calls=verify_calls, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
@@ -235,7 +235,7 @@ def serve(
     pipeline: str = typer.Option(
         None, "--pipeline", help="spec: sync, async, eager or adaptive [async]."
     ),
-    codec: str = typer.Option(None, "--codec", help="spec: uplink codec [dense]."),
+    codec: str = typer.Option(None, "--codec", help="spec: uplink codec [k-sqs k=3 ell=100]."),
     eta: float = typer.Option(None, "--eta", help="private-spec: draft pull on the cloud [4]."),
     codec_param: list[str] = typer.Option([], "--codec-param", help="NAME=VALUE, e.g. k=8."),
     draft_len: int = typer.Option(None, "--draft-len", help="spec: drafts per block [4]."),

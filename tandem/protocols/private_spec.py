@@ -46,7 +46,7 @@ from tandem.protocols.pair import run_in_process
 from tandem.protocols.rapid.prompts import render
 from tandem.protocols.spec import wire
 from tandem.protocols.spec.cloud import Observer, parse_start, run_session
-from tandem.protocols.spec.config import SpecConfig
+from tandem.protocols.spec.config import DEVICE_CODEC, SpecConfig
 from tandem.protocols.spec.device import run_device
 from tandem.protocols.spec.stats import SpecReport
 from tandem.transport import ChannelClosed, LinkConfig, TransportError, control
@@ -54,7 +54,7 @@ from tandem.transport import ChannelClosed, LinkConfig, TransportError, control
 MODE = "private-spec"
 DOCS = 2  # chunks retrieved per side
 ETA = 10.0  # knowledge-transfer strength (RAPID's default; the paper uses 5-20)
-CODEC = ("k-sqs", {"k": 3, "ell": 100})  # 64 bits per draft token (docs/spec.md)
+CODEC = DEVICE_CODEC  # K-SQS K=3: 64 bits per draft token (docs/spec.md)
 TEMPLATE = (
     "<Context>\n{context}\n</Context>\n\n{question}\n"
     "Answer the question. Use the <Context> above where it helps; be brief and exact."

@@ -53,7 +53,7 @@ class DeviceServeSettings(_Section):
     docs: int = Field(2, ge=1)  # dragon, private-spec: documents per side
     pipeline: Literal["sync", "async", "eager", "adaptive"] = "async"  # spec (adaptive: eager +
     # the adaptive controller, which plans cloud AR or eager, the draft length and branches)
-    codec: str | None = None  # spec: uplink codec (None: dense; private-spec: k-sqs K=3)
+    codec: str | None = None  # spec, private-spec: uplink codec (None: k-sqs K=3, ell=100)
     eta: float | None = Field(None, ge=0.0)  # private-spec: knowledge transfer (None: 4)
     codec_params: dict[str, int | float] = Field(default_factory=dict)  # k=8 stays an int
     # The spec knobs: SpecConfig's defaults, written out (tested equal) so that reading a config

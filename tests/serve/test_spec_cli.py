@@ -48,13 +48,22 @@ def device(port: int, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_device_and_cloud_processes_generate(cloud_port, tmp_path):
-    out = device(
-        cloud_port, "--pipeline", "async", "--codec", "k-sqs", "--json", str(tmp_path / "r.json")
-    )
+    out = device(cloud_port, "--pipeline", "async", "--json", str(tmp_path / "r.json"))
     assert out.returncode == 0, out.stderr
     assert "throughput" in out.stderr and "T_verify" in out.stderr
     report = json.loads((tmp_path / "r.json").read_text())
     assert len(report["tokens"]) == 12 and report["cloud"]["agrees_with_device"]
+    # no --codec: the device's sparse default (spec.config.DEVICE_CODEC), not dense
+    assert report["config"]["codec"] == "k-sqs"
+    assert report["config"]["codec_params"] == {"k": 3, "ell": 100}
+    out = device(cloud_port, "--codec-param", "k=8", "--json", str(tmp_path / "k8.json"))
+    assert out.returncode == 0, out.stderr
+    config = json.loads((tmp_path / "k8.json").read_text())["config"]
+    assert (config["codec"], config["codec_params"]) == ("k-sqs", {"k": 8, "ell": 100})
+    out = device(cloud_port, "--codec", "dense", "--json", str(tmp_path / "dense.json"))
+    assert out.returncode == 0, out.stderr
+    dense = json.loads((tmp_path / "dense.json").read_text())
+    assert dense["config"]["codec"] == "dense" and dense["tokens"] == report["tokens"]
 
 
 def test_cloud_autoregressive_mode(cloud_port):

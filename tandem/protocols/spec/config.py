@@ -47,6 +47,20 @@ PIPELINES = ("sync", "async", "eager")
 VERIFY_CALLS = ("block", "token")
 SEPARATE = "separate"
 CODECS = ("dense", SEPARATE, "k-sqs", "c-sqs", "top-k", "top-p", "identity")
+# The uplink of the device's CLI and API unless told otherwise: K-SQS K=3, 64 bits per draft
+# token (dense fp16 sends the whole 151,936-entry law: ~430 KB a token on the real pair, and
+# ~25 ms more per token there even on loopback; docs/spec.md "Using it"). SpecConfig's own
+# default stays dense, the reference the law tests start from.
+DEVICE_CODEC = ("k-sqs", {"k": 3, "ell": 100})
+
+
+def device_codec(codec: str | None, params: dict) -> tuple[str, dict]:
+    """(codec, params) the device runs: `DEVICE_CODEC` where no codec is named (its params
+    updated by `params`), else the named codec with `params`."""
+    if codec is None:
+        name, defaults = DEVICE_CODEC
+        return name, {**defaults, **params}
+    return codec, dict(params)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -87,9 +87,11 @@ def build_backend(settings: DeviceServeSettings, lm, *, secret=None) -> Backend:
     host, port = split_hostport(settings.cloud, "--cloud")
     transport = device_transport_for(lm, settings, secret)
     if settings.mode == "spec":
+        from tandem.protocols.spec.config import device_codec
+
+        codec, codec_params = device_codec(settings.codec, settings.codec_params)
         spec = SpecSettings(
-            pipeline=settings.pipeline, codec=settings.codec or "dense",
-            codec_params=settings.codec_params,
+            pipeline=settings.pipeline, codec=codec, codec_params=codec_params,
             draft_len=settings.draft_len, bit_budget=settings.bit_budget,
             downlink_k=settings.downlink_k, fast_verify=settings.fast_verify,
             truncate_factor=settings.truncate_factor, verify_calls=settings.verify_calls,

@@ -34,6 +34,7 @@ def test_spec_greedy_equals_the_cloud_models_greedy(tiny_lm, tiny_lm_b, knobs):
             info = reply["tandem"]
             assert info["mode"] == "spec" and info["degraded"] is False
             assert info["bytes_up"] > 0 and info["bytes_down"] > 0
+            assert server.app.state.engine.backend.spec.codec == "k-sqs"  # the device default
             assert 0.0 <= info["acceptance_rate"] <= 1.0
         health = httpx.get(f"{server.url}/health", timeout=30).json()
         assert health["cloud"]["reachable"] is True
