@@ -49,7 +49,7 @@ SEPARATE = "separate"
 CODECS = ("dense", SEPARATE, "k-sqs", "c-sqs", "top-k", "top-p", "identity")
 # The uplink of the device's CLI and API unless told otherwise: K-SQS K=3, 64 bits per draft
 # token (dense fp16 sends the whole 151,936-entry law: ~430 KB a token on the real pair, and
-# ~25 ms more per token there even on loopback; docs/spec.md "Using it"). SpecConfig's own
+# 24-27 ms more per token there even on loopback; docs/spec.md "Using it"). SpecConfig's own
 # default stays dense, the reference the law tests start from.
 DEVICE_CODEC = ("k-sqs", {"k": 3, "ell": 100})
 
