@@ -52,11 +52,12 @@ def run(
     rows: str = typer.Option(CLI_ROWS, "--rows", help="dragon: " + ROWS_HELP),
     scorer: str = typer.Option(CLI_SCORER, "--scorer", help="dragon: " + SCORER_HELP),
     pipeline: str = typer.Option(
-        "async",
+        None,
         "--pipeline",
         help="sync (stop-and-wait), async (PicoSpec), eager (the cloud decodes while it waits) "
         "or adaptive (eager with a controller that picks cloud AR or eager, the draft length "
-        "each round and, with --branch-below, whether to branch).",
+        "each round and, with --branch-below, whether to branch) [adaptive; async with "
+        "--codec separate or c-sqs].",
     ),
     codec: str = typer.Option(
         None,
@@ -124,7 +125,7 @@ def run(
     from tandem.protocols.decoding import text_stream
     from tandem.protocols.spec.config import PIPELINES, SpecConfig, device_codec
     from tandem.protocols.spec.stats import summary_table
-    from tandem.serve.api.backends import GenParams, protocol_pipeline
+    from tandem.serve.api.backends import GenParams, device_pipeline, protocol_pipeline
     from tandem.serve.api.server import build_backend
     from tandem.serve.device import DEVICE_MODES
     from tandem.serve.settings import DeviceServeSettings, merge_flags
@@ -147,13 +148,15 @@ def run(
         raise TandemError(f"unknown mode {mode!r}; choose one of {', '.join(modes)}")
     if mode == "private-spec" and not corpus:
         raise TandemError("--mode private-spec needs --corpus (the device's private corpus)")
-    if pipeline not in (*PIPELINES, "adaptive"):
+    if pipeline not in (None, *PIPELINES, "adaptive"):
         raise TandemError(f"spec: pipeline must be one of {', '.join(PIPELINES)}, adaptive")
     if pipeline == "adaptive" and mode != "spec":
         raise TandemError("--pipeline adaptive is for --mode spec")
     uplink, uplink_params = device_codec(codec, parse_params(codec_param))
+    if mode == "spec":
+        pipeline = device_pipeline(pipeline, uplink)
     config = SpecConfig(  # checks the flags before the model loads
-        pipeline=protocol_pipeline(pipeline), codec=uplink, codec_params=uplink_params,
+        pipeline=protocol_pipeline(pipeline or "async"), codec=uplink, codec_params=uplink_params,
         draft_len=draft_len, bit_budget=bit_budget, downlink_k=downlink_k,
         fast_verify=fast_verify, first_chunk=1, truncate_factor=truncate_factor,
         verify_calls=verify_calls, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
@@ -233,7 +236,10 @@ def serve(
     strategy: str = typer.Option(None, help="dragon: aggregator strategy [dragon]."),
     docs: int = typer.Option(None, "--docs", help="dragon: documents per side [2]."),
     pipeline: str = typer.Option(
-        None, "--pipeline", help="spec: sync, async, eager or adaptive [async]."
+        None,
+        "--pipeline",
+        help="spec: sync, async, eager or adaptive [adaptive; async with --codec separate or "
+        "c-sqs].",
     ),
     codec: str = typer.Option(None, "--codec", help="spec: uplink codec [k-sqs k=3 ell=100]."),
     eta: float = typer.Option(None, "--eta", help="private-spec: draft pull on the cloud [4]."),

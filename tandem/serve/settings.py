@@ -51,8 +51,9 @@ class DeviceServeSettings(_Section):
     corpus: str | None = None  # dragon, private-spec: the device's private corpus
     strategy: str = "dragon"  # dragon: aggregator strategy
     docs: int = Field(2, ge=1)  # dragon, private-spec: documents per side
-    pipeline: Literal["sync", "async", "eager", "adaptive"] = "async"  # spec (adaptive: eager +
-    # the adaptive controller, which plans cloud AR or eager, the draft length and branches)
+    # spec: None = adaptive (eager + the adaptive controller, which plans cloud AR or eager,
+    # the draft length and branches), or async under a codec eager cannot carry (separate, c-sqs)
+    pipeline: Literal["sync", "async", "eager", "adaptive"] | None = None
     codec: str | None = None  # spec, private-spec: uplink codec (None: k-sqs K=3, ell=100)
     eta: float | None = Field(None, ge=0.0)  # private-spec: knowledge transfer (None: 4)
     codec_params: dict[str, int | float] = Field(default_factory=dict)  # k=8 stays an int

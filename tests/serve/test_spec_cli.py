@@ -56,11 +56,13 @@ def test_device_and_cloud_processes_generate(cloud_port, tmp_path):
     # no --codec: the device's sparse default (spec.config.DEVICE_CODEC), not dense
     assert report["config"]["codec"] == "k-sqs"
     assert report["config"]["codec_params"] == {"k": 3, "ell": 100}
-    out = device(cloud_port, "--codec-param", "k=8", "--json", str(tmp_path / "k8.json"))
+    k8 = ("--pipeline", "async", "--codec-param", "k=8", "--json", str(tmp_path / "k8.json"))
+    out = device(cloud_port, *k8)
     assert out.returncode == 0, out.stderr
     config = json.loads((tmp_path / "k8.json").read_text())["config"]
     assert (config["codec"], config["codec_params"]) == ("k-sqs", {"k": 8, "ell": 100})
-    out = device(cloud_port, "--codec", "dense", "--json", str(tmp_path / "dense.json"))
+    dense = ("--pipeline", "async", "--codec", "dense", "--json", str(tmp_path / "dense.json"))
+    out = device(cloud_port, *dense)
     assert out.returncode == 0, out.stderr
     dense = json.loads((tmp_path / "dense.json").read_text())
     assert dense["config"]["codec"] == "dense" and dense["tokens"] == report["tokens"]
@@ -72,13 +74,21 @@ def test_cloud_autoregressive_mode(cloud_port):
     assert "12 tokens" in out.stderr
 
 
-def test_adaptive_pipeline_runs_eager_and_says_what_it_measured(cloud_port, tmp_path):
-    out = device(cloud_port, "--pipeline", "adaptive", "--json", str(tmp_path / "r.json"))
+def test_adaptive_pipeline_is_the_default_runs_eager_and_says_what_it_measured(
+    cloud_port, tmp_path
+):
+    out = device(cloud_port, "--json", str(tmp_path / "r.json"))  # no --pipeline: adaptive
     assert out.returncode == 0, out.stderr
     assert "adaptive: ran as eager" in " ".join(out.stderr.split())
     record = json.loads((tmp_path / "r.json").read_text())
     assert len(record["tokens"]) == 12 and record["adaptive"]["ran"] == "eager"
     assert record["adaptive"]["next"] in ("ar", "eager") and record["config"]["pipeline"] == "eager"
+    # an uplink eager cannot carry: the default is PicoSpec's async pipeline, no controller
+    out = device(cloud_port, "--codec", "separate", "--json", str(tmp_path / "sep.json"))
+    assert out.returncode == 0, out.stderr
+    record = json.loads((tmp_path / "sep.json").read_text())
+    assert record["config"]["pipeline"] == "async" and "adaptive" not in record
+    assert len(record["tokens"]) == 12
 
 
 def test_wrong_secret_is_one_line(cloud_port):

@@ -52,6 +52,9 @@ CODECS = ("dense", SEPARATE, "k-sqs", "c-sqs", "top-k", "top-p", "identity")
 # 24-27 ms more per token there even on loopback; docs/spec.md "Using it"). SpecConfig's own
 # default stays dense, the reference the law tests start from.
 DEVICE_CODEC = ("k-sqs", {"k": 3, "ell": 100})
+# Uplink codecs the eager pipeline cannot carry (it needs the whole sent draft law at the cloud
+# and no codec state across chains).
+NOT_EAGER_CODECS = (SEPARATE, "c-sqs")
 
 
 def device_codec(codec: str | None, params: dict) -> tuple[str, dict]:
@@ -119,7 +122,7 @@ class SpecConfig:
                 "(k-sqs, c-sqs, dense, top-k...), not separate",
             ),
             (
-                self.pipeline != "eager" or self.codec not in (SEPARATE, "c-sqs"),
+                self.pipeline != "eager" or self.codec not in NOT_EAGER_CODECS,
                 "pipeline eager needs a stateless uplink codec (dense, k-sqs, top-k, ...), "
                 "not separate or c-sqs",
             ),

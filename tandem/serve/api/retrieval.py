@@ -176,10 +176,11 @@ class PrivateSpecBackend(CloudBackend):
                               "async or eager")  # fmt: skip
         index = ensure_index(settings.corpus, tokenizer=lm.tokenizer, tokenizer_name=settings.model)
         spec = dict(
-            pipeline=settings.pipeline, draft_len=settings.draft_len,
-            bit_budget=settings.bit_budget, fast_verify=settings.fast_verify,
-            truncate_factor=settings.truncate_factor,
+            draft_len=settings.draft_len, bit_budget=settings.bit_budget,
+            fast_verify=settings.fast_verify, truncate_factor=settings.truncate_factor,
         )  # fmt: skip
+        if settings.pipeline is not None:  # else the mode's own (private_spec.private_config)
+            spec["pipeline"] = settings.pipeline
         if settings.codec is not None:
             spec.update(codec=settings.codec, codec_params=settings.codec_params)
         if settings.eta is not None:

@@ -27,6 +27,7 @@ from tandem.serve.api.backends import (
     LocalBackend,
     SpecBackend,
     SpecSettings,
+    device_pipeline,
 )
 from tandem.serve.api.engine import Engine
 from tandem.serve.settings import DeviceServeSettings
@@ -91,7 +92,8 @@ def build_backend(settings: DeviceServeSettings, lm, *, secret=None) -> Backend:
 
         codec, codec_params = device_codec(settings.codec, settings.codec_params)
         spec = SpecSettings(
-            pipeline=settings.pipeline, codec=codec, codec_params=codec_params,
+            pipeline=device_pipeline(settings.pipeline, codec), codec=codec,
+            codec_params=codec_params,
             draft_len=settings.draft_len, bit_budget=settings.bit_budget,
             downlink_k=settings.downlink_k, fast_verify=settings.fast_verify,
             truncate_factor=settings.truncate_factor, verify_calls=settings.verify_calls,

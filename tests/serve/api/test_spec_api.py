@@ -4,12 +4,17 @@ the device finished alone, with no token lost or repeated; a cloud that comes ba
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import httpx2 as httpx
 import pytest
+
+from tandem.serve.api.backends import GenParams
 
 from .helpers import CloudThread, api, greedy_text, greedy_tokens, sse_events, visible
 
 N = 24
+NOTES = Path(__file__).parents[3] / "examples" / "private-notes"
 
 
 def completion(url: str, prompt: str, n: int = N, **extra) -> dict:
@@ -79,6 +84,29 @@ def test_adaptive_keeps_one_controller_and_the_cloud_models_greedy(tiny_lm, tiny
     finally:
         server.stop()
         cloud.stop()
+
+
+def test_the_device_defaults_to_the_adaptive_pipeline(tiny_lm):
+    """No pipeline set: adaptive (one controller), or PicoSpec's async pipeline under an uplink
+    the eager pipeline cannot carry; the library's SpecSettings has the same defaults."""
+    from tandem.serve.api.backends import SpecSettings
+    from tandem.serve.api.server import build_backend
+    from tandem.serve.settings import DeviceServeSettings
+
+    def backend(**settings):
+        return build_backend(DeviceServeSettings(model=tiny_lm.name, **settings), tiny_lm)
+
+    adaptive = backend(mode="spec")
+    assert adaptive.spec.pipeline == "adaptive" and adaptive.controller is not None
+    assert adaptive.config(GenParams(max_tokens=4)).pipeline == "eager"
+    assert (adaptive.spec.codec, adaptive.spec.codec_params) == ("k-sqs", {"k": 3, "ell": 100})
+    for codec in ("separate", "c-sqs"):
+        fixed = backend(mode="spec", codec=codec)
+        assert fixed.spec.pipeline == "async" and fixed.controller is None
+    assert backend(mode="spec", pipeline="sync").spec.pipeline == "sync"
+    assert SpecSettings() == adaptive.spec
+    private = backend(mode="private-spec", corpus=str(NOTES))  # its own default: async
+    assert private.config(GenParams(max_tokens=4)).pipeline == "async"
 
 
 def test_adaptive_is_for_spec_only(tiny_lm):
