@@ -66,3 +66,27 @@ def test_an_empty_run_has_no_throughput():
     empty = Headline("local", 0, None, 0, 0.0, "length")
     assert empty.tokens_per_s == 0.0 and empty.to_json()["tokens_per_s"] == 0.0
     assert GenerationResult([], "", 0.0, 0.0, "length").headline().ttft_s is None
+
+
+def test_spec_table_says_nothing_was_verified_instead_of_zero():
+    """An eager generation whose cloud decoded every token on its own verified no draft: the
+    table says so (an acceptance rate of 0.00 would read as every draft rejected)."""
+    from rich.console import Console
+
+    from tandem.protocols.spec.stats import VerdictRecord, summary_table
+
+    def table(report) -> str:
+        console = Console(width=100, record=True)
+        console.print(summary_table(report))
+        return " ".join(console.export_text().split())
+
+    eager = SpecReport(mode="spec", config={"pipeline": "eager", "draft_len": 4}, tokens=TOKENS,
+                       text="", total_s=1.5, token_times=TIMES, cloud={"ar_tokens": 5})  # fmt: skip
+    said = table(eager)
+    assert "acceptance rate │ - (no draft verified)" in said
+    assert "T_verify (ms) │ - (no draft verified)" in said
+    assert "tokens the cloud decoded on its own │ 5" in said
+    eager.verdicts = [VerdictRecord(3, True, False, 0.05, 0.06)]
+    said = table(eager)
+    assert "acceptance rate │ 1.00" in said and "T_verify (ms) │ 50" in said
+    assert "no draft verified" not in said

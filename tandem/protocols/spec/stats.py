@@ -142,6 +142,12 @@ def summary_table(report: SpecReport):
     table = Table(title=f"tandem {report.mode}: {summary['tokens']} tokens")
     table.add_column("measure")
     table.add_column("value", justify="right")
+    unverified = ("T_verify", "mean accepted length", "acceptance rate")
     for key, label, fmt in SUMMARY_ROWS:
-        table.add_row(label, fmt.format(summary[key]))
+        if not summary["verdicts"] and label.startswith(unverified):
+            table.add_row(label, "- (no draft verified)")  # not 0: nothing was measured
+        else:
+            table.add_row(label, fmt.format(summary[key]))
+    if report.config.get("pipeline") == "eager" and "ar_tokens" in report.cloud:
+        table.add_row("tokens the cloud decoded on its own", str(report.cloud["ar_tokens"]))
     return table
