@@ -153,7 +153,7 @@ def run(
     if pipeline == "adaptive" and mode != "spec":
         raise TandemError("--pipeline adaptive is for --mode spec")
     uplink, uplink_params = device_codec(codec, parse_params(codec_param))
-    if mode == "spec":
+    if mode == "spec":  # the other modes keep None (private-spec: its own default, async)
         pipeline = device_pipeline(pipeline, uplink)
     config = SpecConfig(  # checks the flags before the model loads
         pipeline=protocol_pipeline(pipeline or "async"), codec=uplink, codec_params=uplink_params,
