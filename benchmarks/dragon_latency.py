@@ -6,7 +6,7 @@ project's network namespaces, each pinned to its own cores (`--device-cpus`, `--
 default device = core 0, cloud = core 1 on a 2-core box) with one engine thread per core
 (the JSON's `machines`), the same model on both sides (the paper uses one model on both), the demo's corpora (device: examples/private-notes, cloud:
 stdlib docstrings), top-2 documents per side, greedy, fixed output length (no EOS stop).
-For each extra one-way delay d (jitter d / 5) on each direction `delayed` names ("both": RTT
+For each extra one-way delay d (jitter d / 5, the paper's; `--jitter` changes it) on each direction `delayed` names ("both": RTT
 gains 2d; "down": cloud -> device only, RTT gains d, as the paper's netem on the server's NIC,
 Sec. 7.3) every method
 (all baselines: CRCG, DRCG, DRDG and DRAGON) runs on every question, side by side; one short
@@ -40,6 +40,7 @@ from benchmarks import RESULTS
 from benchmarks.dragon_questions import QUESTIONS
 from benchmarks.dragon_timeline import print_timeline, timeline_rows
 from benchmarks.report import Machines, new_figure, save_json, save_png
+from tandem.baselines.dragon.testbed import JITTER
 from tandem.testbed.cpus import loadavg
 
 METHODS = ("crcg-device", "crcg-cloud", "drcg-text", "drcg-kv", "drdg-sw", "drdg-tw", "dragon")
@@ -147,7 +148,7 @@ SHARED = ["the delay proxy (the wire, not pinned)"]
 
 def measure(
     *, model, public, private, net_name, methods, delays, questions, tokens: int, console, machines,
-    delayed: str = "both",
+    delayed: str = "both", jitter: float = JITTER,
 ) -> tuple[list[dict], dict]:  # fmt: skip
     """Build both sides' indexes, start the testbed on `machines.cpus` and `sweep`: (runs,
     network facts); what each side saw of itself goes to `machines.observed`."""
@@ -155,7 +156,9 @@ def measure(
 
     public_index, private_index = prepare_indexes(model, public, private)
     indexes = {"public_index": public_index, "private_index": private_index}
-    with Testbed(model=model, name=net_name, cpus=machines.cpus, delayed=delayed, **indexes) as bed:
+    with Testbed(
+        model=model, name=net_name, cpus=machines.cpus, delayed=delayed, jitter=jitter, **indexes
+    ) as bed:
         machines.observed = bed.observed
         network = {
             "mode": bed.status.mode,
@@ -284,10 +287,12 @@ def run(
     net_name: str = "tandem-dbench",
     cpus: dict[str, list[int]] | None = None,
     delayed: str = "both",
+    jitter: float = JITTER,
 ) -> dict:
     """Fig. 6 + Theorem 6.2: run, save dragon_latency.json / .png, print a table. `cpus`:
     each side's cores (default `tandem.testbed.cpus.role_cpus()`); `delayed`: which
-    directions carry the delay (`NetConfig.delayed`)."""
+    directions carry the delay (`NetConfig.delayed`); `jitter`: as a fraction of the delay
+    (the paper's 1/5; any other value makes the run a testbed control, said in the headline)."""
     from tandem.testbed.cpus import role_cpus
 
     console = Console()
@@ -299,7 +304,7 @@ def run(
     runs, network = measure(
         model=model, public=public, private=private, net_name=net_name, methods=methods,
         delays=delays, questions=chosen, tokens=tokens, console=console, machines=machines,
-        delayed=delayed,
+        delayed=delayed, jitter=jitter,
     )  # fmt: skip
     rows = [
         {
@@ -312,11 +317,15 @@ def run(
     theory = theorem_rows(runs, delays, delayed)
     timeline = timeline_rows(runs, delays, [m for m in methods if m in DRAGONS])
     headline = targets(rows, theory)
+    if jitter != JITTER:  # not the paper's network: the figures are a control, not its targets
+        headline.insert(
+            0, f"jitter {jitter:g} x delay, not the paper's {JITTER:g}: a testbed control"
+        )
     payload = {
         "setup": {
             "model": model, "both_sides_same_model": True, "network": network,
-            "jitter": "delay / 5, uniform, each delayed direction", "delayed": delayed,
-            "delays_ms": list(delays),
+            "jitter": f"delay x {jitter:g}, uniform, each delayed direction", "delayed": delayed,
+            "jitter_fraction": jitter, "delays_ms": list(delays),
             "max_new_tokens": tokens, "questions": list(chosen), "docs_per_side": 2,
             "temperature": 0.0, "quick": quick, "wall_s": time.perf_counter() - started,
             "methods": list(methods), "load_1min_per_run": "runs[].load_1min",

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.report import new_figure, save_json, save_png
+from tandem.baselines.dragon.testbed import JITTER
 from tandem.errors import TandemError
 
 BASELINE = "crcg-device"
@@ -60,13 +61,21 @@ def ratios(payload: dict[str, Any], method: str = METHOD) -> list[dict[str, Any]
     return rows
 
 
+def _network(setup: dict[str, Any]) -> str:
+    """The network setting a run is grouped by: its delayed directions ("both" in files made
+    before the switch), and its jitter where it is not the paper's delay / 5 (a control)."""
+    delayed = setup.get("delayed") or "both"
+    jitter = setup.get("jitter_fraction", JITTER)  # recorded since the switch; before: 1/5
+    return delayed if jitter == JITTER else f"{delayed}, jitter {jitter:g}"
+
+
 def describe(path: Path, payload: dict[str, Any], method: str = METHOD) -> dict[str, Any]:
     setup, environment = payload.get("setup", {}), payload.get("environment", {})
     return {
         "file": path.name,
         "time": environment.get("time"),
         "code": environment.get("code"),  # recorded since 2026-11-27
-        "delayed": setup.get("delayed") or "both",  # the only setting before the switch
+        "delayed": _network(setup),
         "questions": len(setup.get("questions", [])) or None,
         "new_tokens": setup.get("max_new_tokens"),
         "rows": ratios(payload, method),

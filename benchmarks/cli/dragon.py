@@ -47,6 +47,12 @@ def latency(
     public: str = PUBLIC,
     private: str = PRIVATE,
     delayed: str = DELAYED,
+    jitter: float = typer.Option(
+        0.2,
+        "--jitter",
+        help="Jitter of each delayed direction as a fraction of its delay (the paper's 0.2; "
+        "another value, such as 0, makes the run a testbed control).",
+    ),
     device_cpus: str = DEVICE_CPUS,
     cloud_cpus: str = CLOUD_CPUS,
     out: Path = OUT,
@@ -54,6 +60,7 @@ def latency(
     """Per-token latency vs network latency (Fig. 6) and Theorem 6.2, device and cloud as
     processes in the emulated network, each on its own cores."""
     from benchmarks.dragon_latency import EXTRA_METHODS, METHODS, run
+    from tandem.baselines.dragon.testbed import jitter_fraction
     from tandem.errors import TandemError
 
     known = METHODS + EXTRA_METHODS
@@ -65,6 +72,7 @@ def latency(
         questions=questions or None, public=public, private=private,
         methods=tuple(m for m in known if m in methods) if methods else METHODS,
         cpus=role_cpus(device_cpus, cloud_cpus), delayed=_delayed(delayed),
+        jitter=jitter_fraction(jitter),
     )  # fmt: skip
 
 

@@ -28,6 +28,28 @@ def test_cli_commands_are_registered():
         assert result.exit_code == 0 and "--quick" in result.output and "--out" in result.output
 
 
+def test_the_testbed_sets_the_jitter_as_a_fraction_of_the_delay(monkeypatch, tmp_path):
+    from tandem.baselines.dragon import testbed
+    from tandem.errors import TandemError
+    from tandem.testbed import netns
+
+    seen = []
+    monkeypatch.setattr(netns, "net_up", seen.append)  # the config it would bring up
+    monkeypatch.setattr(netns, "netns_unavailable_reason", lambda: None)
+    index = tmp_path / "index"
+    for jitter, expected in ((testbed.JITTER, 60.0), (0.0, 0.0), (0.5, 150.0)):
+        bed = testbed.Testbed(model="m", public_index=index, private_index=index, jitter=jitter)
+        bed._net(300.0)
+        assert seen[-1].jitter_ms == pytest.approx(expected) and seen[-1].delay_ms == 300.0
+    assert testbed.JITTER == pytest.approx(1 / 5)  # the paper's (Sec. 7.3)
+    for bad in (-0.1, 1.5):
+        with pytest.raises(TandemError, match="jitter must be a fraction of the delay"):
+            testbed.Testbed(model="m", public_index=index, private_index=index, jitter=bad)
+    failed = CliRunner().invoke(app, ["latency", "--jitter", "2", "--quick"])
+    assert failed.exit_code != 0 and isinstance(failed.exception, TandemError)
+    assert "jitter must be a fraction of the delay in [0, 1], not 2" in str(failed.exception)
+
+
 def test_dragon_variants_run_the_dragon_method_with_their_config():
     from benchmarks.dragon_latency import CONTROL, DRAGONS, EXTRA_METHODS, LABELS, bench_config
 

@@ -80,6 +80,19 @@ def test_spread_per_setting_and_delay_and_the_targets():
     assert summary[("both", 300.0)]["met"] == 0
 
 
+def test_a_run_without_the_papers_jitter_is_a_setting_of_its_own():
+    times = {("crcg-device", 0.0): 10.0, (MIRROR, 0.0): 11.0,
+             ("crcg-device", 300.0): 10.0, (MIRROR, 300.0): 12.0}  # fmt: skip
+    paper, control = latency_result("down", times), latency_result("down", times)
+    paper["setup"]["jitter_fraction"] = 0.2
+    control["setup"]["jitter_fraction"] = 0.0
+    runs = [describe(Path(p), payload) for p, payload in
+            (("old.json", latency_result("down", times)), ("p.json", paper), ("c.json", control))]  # fmt: skip
+    assert [r["delayed"] for r in runs] == ["down", "down", "down, jitter 0"]
+    summary = {(g["delayed"], g["delay_ms"]): g["runs"] for g in summarize(runs)}
+    assert summary == {("-", 0.0): 3, ("down", 300.0): 2, ("down, jitter 0", 300.0): 1}
+
+
 def test_cli_writes_the_table_and_refuses_files_it_cannot_use(tmp_path):
     good = tmp_path / "good.json"
     good.write_text(json.dumps(latency_result("down", {("crcg-device", 0.0): 10.0,

@@ -1,7 +1,7 @@
 """DRAGON and its baselines as two processes joined by the project's emulated network.
 
     Testbed (this process: no model)
-      net_up(NetConfig(name, delay, jitter = delay / 5, delayed))   namespaces <name>-dev / -cloud
+      net_up(NetConfig(name, delay, jitter = delay x JITTER, delayed))   namespaces <name>-dev / -cloud
       cloud process  (cloud namespace)   python -m tandem.baselines.dragon.cloud
                                          serves DRAGON + every baseline (public corpus)
       device worker  (device namespace)  python -m tandem.baselines.dragon.testbed
@@ -44,6 +44,14 @@ from tandem.errors import TandemError
 
 MARK = "@@ "
 READY_TIMEOUT_S = 900.0
+JITTER = 0.2  # jitter as a fraction of the delay: the paper's delay / 5 (Sec. 7.3)
+
+
+def jitter_fraction(jitter: float) -> float:
+    """`jitter`, checked: a fraction of the delay in [0, 1] (a one-line TandemError if not)."""
+    if not 0.0 <= jitter <= 1.0:
+        raise TandemError(f"jitter must be a fraction of the delay in [0, 1], not {jitter:g}")
+    return jitter
 
 
 def _free_port() -> int:
@@ -66,15 +74,19 @@ class Testbed:
         name: str = "tandem-dbench",
         seed: int = 0,
         delayed: str = "both",
+        jitter: float = JITTER,
     ):
         """`delayed`: the directions `set_delay` delays (`NetConfig.delayed`): "both", or
-        "down" (cloud -> device only, the DRAGON paper's netem on the server's NIC)."""
+        "down" (cloud -> device only, the DRAGON paper's netem on the server's NIC); `jitter`:
+        each delayed direction's jitter as a fraction of its delay (the paper's 1/5; 0: none,
+        a testbed control)."""
+        jitter = jitter_fraction(jitter)
         from tandem.testbed.cpus import role_cpus
 
         self.model, self.docs = model, docs
         self.cpus = cpus or role_cpus()
         self.public_index, self.private_index = public_index, private_index
-        self.name, self.seed, self.delayed = name, seed, delayed
+        self.name, self.seed, self.delayed, self.jitter = name, seed, delayed, jitter
         self.procs: list[subprocess.Popen] = []
         self.status = None
         self.observed: dict[str, dict] = {}  # side -> machine_state() it reported
@@ -103,7 +115,7 @@ class Testbed:
                 {"service_port": _free_port(), "proxy_port": _free_port()} if loopback else {}
             )
         config = NetConfig(
-            name=self.name, delay_ms=delay_ms, jitter_ms=delay_ms / 5, delayed=self.delayed,
+            name=self.name, delay_ms=delay_ms, jitter_ms=delay_ms * self.jitter, delayed=self.delayed,
             seed=self.seed,
             device_cpus=tuple(self.cpus["device"]), cloud_cpus=tuple(self.cpus["cloud"]),
             **self.ports,
@@ -202,7 +214,7 @@ class Testbed:
     # ---- use -----------------------------------------------------------------------
 
     def set_delay(self, delay_ms: float) -> None:
-        """One-way delay of each delayed direction, jitter delay / 5 (paper Sec. 7.3)."""
+        """One-way delay of each delayed direction, jitter `jitter` x delay (paper Sec. 7.3: 1/5)."""
         self.status = self._net(delay_ms)
 
     def run(self, method: str, question: str, config) -> dict:
