@@ -40,8 +40,8 @@ from benchmarks import RESULTS
 from benchmarks.dragon_questions import QUESTIONS
 from benchmarks.dragon_timeline import print_timeline, timeline_rows
 from benchmarks.report import Machines, new_figure, save_json, save_png
-from tandem.baselines.dragon.testbed import JITTER
 from tandem.testbed.cpus import loadavg
+from tandem.testbed.netns import JITTER
 
 METHODS = ("crcg-device", "crcg-cloud", "drcg-text", "drcg-kv", "drdg-sw", "drdg-tw", "dragon")
 # Not the paper's, run only when asked for: DRAGON with one decode row per side holding all its

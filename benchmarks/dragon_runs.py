@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.report import new_figure, save_json, save_png
-from tandem.baselines.dragon.testbed import JITTER
 from tandem.errors import TandemError
+from tandem.testbed.netns import JITTER
 
 BASELINE = "crcg-device"
 METHOD = "dragon-side-static-mirror"  # the benchmarked form (one row per side, mirrored)

@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from benchmarks import RESULTS
+from tandem.testbed.netns import JITTER
 from tandem.testbed.options import CLOUD_CPUS, DEVICE_CPUS, role_cpus
 
 app = typer.Typer(no_args_is_help=True)
@@ -48,7 +49,7 @@ def latency(
     private: str = PRIVATE,
     delayed: str = DELAYED,
     jitter: float = typer.Option(
-        0.2,
+        JITTER,
         "--jitter",
         help="Jitter of each delayed direction as a fraction of its delay (the paper's 0.2; "
         "another value, such as 0, makes the run a testbed control).",
@@ -60,8 +61,8 @@ def latency(
     """Per-token latency vs network latency (Fig. 6) and Theorem 6.2, device and cloud as
     processes in the emulated network, each on its own cores."""
     from benchmarks.dragon_latency import EXTRA_METHODS, METHODS, run
-    from tandem.baselines.dragon.testbed import jitter_fraction
     from tandem.errors import TandemError
+    from tandem.testbed.netns import jitter_fraction
 
     known = METHODS + EXTRA_METHODS
     unknown = sorted(set(methods or ()) - set(known))

@@ -67,6 +67,18 @@ PREFIX_LEN = LINK_SUBNET.prefixlen
 DEVICE_DEV, CLOUD_DEV = "tdev0", "tcloud0"
 WIRE_OVERHEAD = 1514 / 1448  # Ethernet frame / TCP payload per full segment (MTU 1500, timestamps)
 SIDES = ("device", "cloud")
+# jitter as a fraction of the delay where a benchmark sets it from the delay: the DRAGON
+# paper's delay / 5 (Sec. 7.3)
+JITTER = 0.2
+
+
+def jitter_fraction(jitter: float) -> float:
+    """`jitter`, checked: a fraction of the delay in [0, 1] (a one-line TandemError if not)."""
+    if not 0.0 <= jitter <= 1.0:
+        raise TandemError(f"jitter must be a fraction of the delay in [0, 1], not {jitter:g}")
+    return jitter
+
+
 NAME_PATTERN = re.compile(r"^tandem(-[a-z0-9]+)*$")
 
 

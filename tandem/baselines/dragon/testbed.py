@@ -41,17 +41,10 @@ import time
 from pathlib import Path
 
 from tandem.errors import TandemError
+from tandem.testbed.netns import JITTER, jitter_fraction
 
 MARK = "@@ "
 READY_TIMEOUT_S = 900.0
-JITTER = 0.2  # jitter as a fraction of the delay: the paper's delay / 5 (Sec. 7.3)
-
-
-def jitter_fraction(jitter: float) -> float:
-    """`jitter`, checked: a fraction of the delay in [0, 1] (a one-line TandemError if not)."""
-    if not 0.0 <= jitter <= 1.0:
-        raise TandemError(f"jitter must be a fraction of the delay in [0, 1], not {jitter:g}")
-    return jitter
 
 
 def _free_port() -> int:
@@ -115,8 +108,8 @@ class Testbed:
                 {"service_port": _free_port(), "proxy_port": _free_port()} if loopback else {}
             )
         config = NetConfig(
-            name=self.name, delay_ms=delay_ms, jitter_ms=delay_ms * self.jitter, delayed=self.delayed,
-            seed=self.seed,
+            name=self.name, delay_ms=delay_ms, jitter_ms=delay_ms * self.jitter,
+            delayed=self.delayed, seed=self.seed,
             device_cpus=tuple(self.cpus["device"]), cloud_cpus=tuple(self.cpus["cloud"]),
             **self.ports,
         )  # fmt: skip
@@ -214,7 +207,7 @@ class Testbed:
     # ---- use -----------------------------------------------------------------------
 
     def set_delay(self, delay_ms: float) -> None:
-        """One-way delay of each delayed direction, jitter `jitter` x delay (paper Sec. 7.3: 1/5)."""
+        """One-way delay of each delayed direction, jitter `jitter` x delay (paper: 1/5)."""
         self.status = self._net(delay_ms)
 
     def run(self, method: str, question: str, config) -> dict:
