@@ -273,7 +273,11 @@ class DocDecoder:
             common += 1
         if common < len(self.tokens):
             self._crop(common)
-        if self.state.logits is None:  # cropped outside the last decode block
+        if self.state.logits is None and common == len(tokens):
+            # cropped outside the last decode block and nothing follows: the law at the cut
+            # needs its last token decoded again. With tokens to follow (a rejection's target
+            # token) their decode gives the law, so they go alone: one token, not a block of
+            # two, which llama.cpp's CPU kernels run at ~3.5 single steps (docs/dragon.md)
             self._crop(common - 1)
         todo = tokens[len(self.tokens) :]
         if todo:

@@ -49,6 +49,30 @@ def test_sync_rolls_back_to_the_same_law_as_a_fresh_decode(tiny_lm, corpora):
     assert torch.allclose(decoder.law().probs, other.law().probs, atol=ATOL)
 
 
+def test_a_rejection_decodes_only_the_target_token(tiny_lm, corpora, monkeypatch):
+    """Drafted one token a time (the live worker's way), a rejection crops the rejected
+    drafts and decodes the target token alone: not the cut's last token again beside it (a
+    two-token block costs llama.cpp's CPU kernels ~3.5 single steps)."""
+    decoder, _ = fresh(tiny_lm, corpora[0])
+    for n in range(1, 4):
+        decoder.sync([65, 66, 67][:n])
+    fed = []
+    decode = decoder.lm.decode
+
+    def counting(state, ids, cancel=None):
+        fed.append(len(ids[0]))
+        return decode(state, ids, cancel=cancel)
+
+    monkeypatch.setattr(decoder.lm, "decode", counting)
+    assert decoder.sync([65, 90]) == 1
+    assert fed == [1] and decoder.tokens == [65, 90]
+    monkeypatch.undo()
+    other, _ = fresh(tiny_lm, corpora[0])
+    other.sync([65])
+    other.sync([65, 90])
+    assert torch.allclose(decoder.law().probs, other.law().probs, atol=ATOL)
+
+
 def test_cancelled_sync_leaves_the_decoder_unchanged(tiny_lm, corpora):
     decoder, _ = fresh(tiny_lm, corpora[0])
     decoder.sync([70, 71])
