@@ -29,10 +29,12 @@ from tandem.protocols.dragon.setup import SideSetup, load_side, set_threads, tra
 
 
 def emulated_link(delay_ms: float):
-    """One direction of an emulated link: `delay_ms` one-way, jitter 1/5 of it (paper 7.3)."""
+    """One direction of an emulated link: `delay_ms` one-way, jitter `JITTER` of it (the
+    paper's 1/5, Sec. 7.3; the testbed's default too)."""
+    from tandem.testbed.netns import JITTER
     from tandem.transport import LinkConfig
 
-    return LinkConfig(delay_ms=delay_ms, jitter_ms=delay_ms / 5) if delay_ms > 0 else None
+    return LinkConfig(delay_ms=delay_ms, jitter_ms=delay_ms * JITTER) if delay_ms > 0 else None
 
 
 async def serve_cloud_forever(
