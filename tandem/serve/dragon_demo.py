@@ -17,6 +17,7 @@ import asyncio
 import json
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -47,10 +48,16 @@ def _wait_ready(child: subprocess.Popen, ready: Path, log: Path) -> dict:
         if ready.is_file():
             return json.loads(ready.read_text())
         if child.poll() is not None:
-            tail = log.read_text(errors="replace")[-2000:] if log.is_file() else ""
-            raise TandemError(f"the cloud process exited ({child.returncode}): {tail.strip()}")
+            raise TandemError(f"the cloud process exited ({child.returncode}): {_tail(log)}")
         time.sleep(0.2)
-    raise TandemError(f"the cloud process was not ready after {READY_TIMEOUT_S:.0f} s")
+    raise TandemError(
+        f"the cloud process was not ready after {READY_TIMEOUT_S:.0f} s: {_tail(log)}"
+    )
+
+
+def _tail(log: Path) -> str:
+    """The log's end, for an error message (the log's folder is removed with the demo)."""
+    return log.read_text(errors="replace")[-2000:].strip() if log.is_file() else ""
 
 
 def _stop(child: subprocess.Popen) -> None:
@@ -122,3 +129,4 @@ def run_demo(
         )
     finally:
         _stop(child)
+        shutil.rmtree(workdir, ignore_errors=True)  # a failure's message holds the log's tail

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import shutil
 import socket
 import subprocess
 import sys
@@ -105,3 +106,4 @@ def run_private_demo(
         except subprocess.TimeoutExpired:
             child.kill()
             child.wait()
+        shutil.rmtree(log.parent, ignore_errors=True)  # a failure's message holds the log's tail

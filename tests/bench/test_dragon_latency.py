@@ -50,6 +50,22 @@ def test_the_testbed_sets_the_jitter_as_a_fraction_of_the_delay(monkeypatch, tmp
     assert "jitter must be a fraction of the delay in [0, 1], not 2" in str(failed.exception)
 
 
+def test_the_testbed_removes_its_folder_when_it_closes(monkeypatch, tmp_path):
+    import tempfile
+
+    from tandem.baselines.dragon.testbed import Testbed
+    from tandem.testbed import netns
+
+    downs = []
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(netns, "net_down", downs.append)
+    bed = Testbed(model="m", public_index=tmp_path, private_index=tmp_path)
+    assert bed.workdir.parent == tmp_path and bed.workdir.name.startswith("tandem-dbench-")
+    (bed.workdir / "cloud.log").write_text("the cloud's log\n")
+    bed.close()
+    assert downs == [bed.name] and not bed.workdir.exists()
+
+
 def test_dragon_variants_run_the_dragon_method_with_their_config():
     from benchmarks.dragon_latency import CONTROL, DRAGONS, EXTRA_METHODS, LABELS, bench_config
 

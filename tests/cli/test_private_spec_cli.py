@@ -38,9 +38,14 @@ def test_separate_codec_with_eta_is_refused_by_the_settings():
 
 
 @pytest.mark.slow
-def test_demo_private_spec_end_to_end(tmp_path):
+def test_demo_private_spec_end_to_end(tmp_path, monkeypatch):
     """Both real models, the cloud as its own pinned process: the answer streams, each side
-    used its own chunks, the uplink stays within 64 bits per draft."""
+    used its own chunks, the uplink stays within 64 bits per draft; no folder is left."""
+    import tempfile
+
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     out = tmp_path / "report.json"
     args = ["demo", "--mode", "private-spec", "-n", "12", "--json", str(out)]
     result = CliRunner().invoke(app, args)
@@ -50,3 +55,4 @@ def test_demo_private_spec_end_to_end(tmp_path):
     assert report["docs"] and report["cloud"]["public_docs"]
     assert report["payload_bits"] <= 64 * report["drafts_sent"]
     assert report["cloud"]["agrees_with_device"]
+    assert not list(scratch.glob("tandem-*"))  # the cloud's log went with its folder

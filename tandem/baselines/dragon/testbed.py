@@ -33,6 +33,7 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import socket
 import subprocess
 import sys
@@ -202,7 +203,10 @@ class Testbed:
             if hasattr(self, "cloud_log"):
                 self.cloud_log.close()
         finally:
-            net_down(self.name)
+            try:
+                net_down(self.name)
+            finally:  # the cloud's ready file and log: a failure's message already holds its tail
+                shutil.rmtree(self.workdir, ignore_errors=True)
 
     # ---- use -----------------------------------------------------------------------
 
