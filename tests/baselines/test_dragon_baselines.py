@@ -149,3 +149,14 @@ def test_kv_parts_of_a_real_sized_state_cross_the_wire():
     assert len(received) == -(-len(data) // KV_PART_BYTES)
     assert [control.body(m)["last"] for m in received][-1]
     assert b"".join(wire.message_blob(m) for m in received) == data
+
+
+def test_the_cloud_module_runs_as_a_script_without_a_second_copy():
+    """`python -m tandem.baselines.dragon.cloud` (the testbed's cloud process): its package
+    must not import it first, or runpy executes it twice (and warns into the cloud's log)."""
+    import subprocess
+    import sys
+
+    argv = [sys.executable, "-W", "error::RuntimeWarning", "-m", "tandem.baselines.dragon.cloud"]
+    done = subprocess.run([*argv, "--help"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "--corpus" in done.stdout, done.stderr[-2000:]

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 
-from tandem.baselines.dragon.cloud import serve_any, serve_baseline
 from tandem.baselines.dragon.device import (
     METHODS,
     NETWORK_METHODS,
@@ -50,6 +49,8 @@ async def run_baseline_pair(
             config=config,
         )  # fmt: skip
         return report, None
+    from tandem.baselines.dragon.cloud import serve_any
+
     return await run_in_process(
         lambda channel, _: run_baseline_device(
             method, channel, lm=device_lm, knowledge=device_knowledge, question=question,
@@ -59,6 +60,17 @@ async def run_baseline_pair(
         link=link,
         cloud_wait_s=60.0,
     )  # fmt: skip
+
+
+def __getattr__(name: str):
+    """The cloud side's entry points, imported on first use: the package does not import
+    `cloud`, which runs as `python -m tandem.baselines.dragon.cloud` (imported first by its
+    package, runpy would execute the module a second time, and warns that it does)."""
+    if name in ("serve_any", "serve_baseline"):
+        from tandem.baselines.dragon import cloud
+
+        return getattr(cloud, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [
