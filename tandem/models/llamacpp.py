@@ -16,6 +16,12 @@ Free seqs: a `State` that is garbage-collected hands its seqs back through a fin
 wiped at the next call under the model's lock (a finalizer may run on any thread, and the
 context must never be touched by two threads at once).
 
+Small calls: on some boxes and models llama.cpp's multi-token kernels cost more than the same
+tokens fed one per call (the 0.5B's Q5_0/Q8_0 weights through llamafile's tiled gemm on the
+AVX-512 box of 2026-11-29: a 2-token call 3.6 single steps). `split_calls` is the largest
+call size that is fed one token per `llama_decode` instead, measured once per model, build,
+CPU and thread count (`calibrated_split`, cached under $TANDEM_HOME/calibration) unless given.
+
 Cancellation: llama.cpp calls an abort callback between graph nodes. With a `CancelEvent` the
 callback is libc's `strlen` over a two-byte flag buffer (b"\\x00\\x00" or b"\\x01\\x00", so it
 returns 0 or 1): the check costs nothing and never takes the GIL. A plain `threading.Event` gets a
@@ -28,8 +34,10 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import hashlib
+import json
 import os
 import threading
+import time
 import weakref
 from pathlib import Path
 from typing import Any
@@ -70,6 +78,11 @@ BATCH_SHAPE_ERROR = 1.0  # the bound the tests hold llama.cpp to (measured maxim
 # engine thread (with more, single-token attention splits the cache across threads once it
 # holds 512 cells). Cost measured here: decode steps 7-25% slower.
 NUMERICS = ("default", "invariant")
+# A k-token call (k in SPLIT_SIZES) is fed one token per call where the block costs more than
+# SPLIT_MARGIN times its k one-token calls (medians of SPLIT_REPEATS timed calls after a warm-up).
+SPLIT_SIZES = (2, 3, 4, 5)
+SPLIT_MARGIN = 1.15
+SPLIT_REPEATS = 3
 INVARIANT_CHUNK = 32  # below ggml's flash-attention tile of 64 query rows
 _DECODED = False  # a llama_decode ran in this process: ggml has read GGML_CPU_TILED_MM by now
 
@@ -163,6 +176,7 @@ class LlamaCppLM:
         kv_type: str = "f16",
         flash_attn: bool = False,
         numerics: str | None = None,  # NUMERICS; None: default_numerics()
+        split_calls: int | None = None,  # None: $TANDEM_LLAMA_SPLIT, else `calibrated_split`
     ):
         numerics = numerics or default_numerics()
         if numerics not in NUMERICS:
@@ -225,6 +239,8 @@ class LlamaCppLM:
         self._closer = weakref.finalize(
             self, _free_native, lib, self._ctx, self._model, self._batch
         )
+        # invariant numerics: blocks already equal one-token calls bit for bit
+        self.split_calls = 0 if invariant else _split_setting(self, split_calls)
 
     def _fingerprint(self, identity: str | None) -> str:
         if identity is None:  # a user's GGUF: its size and the bytes of its header and tail
@@ -290,10 +306,13 @@ class LlamaCppLM:
         _DECODED = True
         lib, batch = self._lib, self._batch
         out: list[np.ndarray] = []
+        if 1 < len(items) <= self.split_calls:  # one token per call costs less here
+            chunks = [[item] for item in items]
+        else:
+            chunks = [items[i : i + self._chunk] for i in range(0, len(items), self._chunk)]
         self._arm(cancel)
         try:
-            for start in range(0, len(items), self._chunk):
-                chunk = items[start : start + self._chunk]
+            for chunk in chunks:
                 for i, (token, pos, seq, wants) in enumerate(chunk):
                     batch.token[i] = token
                     batch.pos[i] = pos
@@ -539,6 +558,117 @@ class LlamaCppLM:
     def close(self) -> None:
         """Free the native model and context now (also done when the object is collected)."""
         self._closer()
+
+
+def _split_setting(lm: LlamaCppLM, given: int | None) -> int:
+    """`split_calls` as given, else $TANDEM_LLAMA_SPLIT, else `calibrated_split(lm)`."""
+    text = os.environ.get("TANDEM_LLAMA_SPLIT") if given is None else str(given)
+    if text is None or text == "auto":
+        return calibrated_split(lm)
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise TandemError(
+            f"split_calls / TANDEM_LLAMA_SPLIT must be 'auto' or a token count >= 0, not {text!r}"
+        )
+    return value
+
+
+def calibrated_split(lm: LlamaCppLM) -> int:
+    """The largest k in SPLIT_SIZES such that every call of 2..k tokens costs more than
+    SPLIT_MARGIN times as many one-token calls on this box (0: none), timed once in a scratch
+    context of the same model and cached per model, llama.cpp build, CPU and thread count."""
+    from tandem.models.registry import tandem_home
+
+    info = lm._lib.llama_print_system_info().decode(errors="replace")
+    key = f"{lm.fingerprint}|{info}|{_cpu_line()}|{lm.threads}|{lm.flash_attn}|{SPLIT_MARGIN}"
+    path = (
+        tandem_home()
+        / "calibration"
+        / f"split-{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
+    )
+    try:
+        return int(json.loads(path.read_text())["split_calls"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    split, timings = _measure_split(lm)
+    record = {"model": lm.name, "threads": lm.threads, "split_calls": split, "ms": timings}
+    try:  # a read-only cache costs a calibration per process, nothing else
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
+        partial.write_text(json.dumps(record, indent=1) + "\n")
+        partial.replace(path)
+    except OSError:
+        pass
+    return split
+
+
+def _cpu_line() -> str:
+    """This box's processor as /proc/cpuinfo names it (model and flags), '' where unreadable."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+    fields = dict(
+        line.split(":", 1) for line in text.split("\n\n", 1)[0].splitlines() if ":" in line
+    )
+    return "|".join(fields.get(k, "").strip() for k in ("model name\t", "flags\t\t"))
+
+
+def _measure_split(lm: LlamaCppLM) -> tuple[int, dict[str, float]]:
+    """(split_calls, median ms per call shape) timed in a fresh small context of `lm`'s model,
+    so the model's own cache (and where its rows' cells lie: NUMERICS) is untouched."""
+    lib = lm._lib
+    cparams = lib.llama_context_default_params()
+    cparams.n_ctx = cparams.n_batch = cparams.n_ubatch = 256
+    cparams.n_seq_max = 1
+    cparams.n_threads = cparams.n_threads_batch = lm.threads
+    cparams.no_perf = True
+    cparams.flash_attn_type = (
+        lib.LLAMA_FLASH_ATTN_TYPE_ENABLED if lm.flash_attn else lib.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    )
+    ctx = lib.llama_init_from_model(lm._model, cparams)
+    if not ctx:
+        return 0, {}
+    batch = lib.llama_batch_init(64, 0, 1)
+    mem = lib.llama_get_memory(ctx)
+    prompt = 48  # a short context: what a small call costs does not hinge on it
+
+    def call(tokens: int, position: int) -> float:
+        for i in range(tokens):
+            batch.token[i] = 1000 + (position + i) % 1000
+            batch.pos[i] = position + i
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = 0
+            batch.logits[i] = 1
+        batch.n_tokens = tokens
+        began = time.perf_counter()
+        if lib.llama_decode(ctx, batch) != 0:
+            raise TandemError(f"{lm.name}: llama_decode failed while timing call sizes")
+        return time.perf_counter() - began
+
+    def median_ms(tokens: int) -> float:
+        times = []
+        for _ in range(SPLIT_REPEATS + 1):  # the first is a warm-up
+            times.append(call(tokens, prompt))
+            lib.llama_memory_seq_rm(mem, 0, prompt, -1)
+        return 1000 * sorted(times[1:])[len(times[1:]) // 2]
+
+    try:
+        call(prompt, 0)
+        timings = {"1": median_ms(1)}
+        split = 0
+        for k in SPLIT_SIZES:
+            timings[str(k)] = median_ms(k)
+            if timings[str(k)] <= SPLIT_MARGIN * k * timings["1"]:
+                break
+            split = k
+        return split, timings
+    finally:
+        lib.llama_batch_free(batch)
+        lib.llama_free(ctx)
 
 
 def _free_native(lib: Any, ctx: Any, model: Any, batch: Any) -> None:

@@ -147,6 +147,9 @@ def machine_state(lm=None) -> dict:
         pass
     if lm is not None:
         state["engine_threads"] = engine_threads(lm)
+        split = getattr(lm, "split_calls", None)  # llama.cpp: calls fed one token at a time
+        if split is not None:
+            state["engine_split_calls"] = split
     return state
 
 
