@@ -611,10 +611,9 @@ def _cpu_line() -> str:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
         return ""
-    fields = dict(
-        line.split(":", 1) for line in text.split("\n\n", 1)[0].splitlines() if ":" in line
-    )
-    return "|".join(fields.get(k, "").strip() for k in ("model name\t", "flags\t\t"))
+    first = text.split("\n\n", 1)[0].splitlines()
+    fields = {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in first)}
+    return f"{fields.get('model name', '')}|{fields.get('flags', '')}"
 
 
 def _measure_split(lm: LlamaCppLM) -> tuple[int, dict[str, float]]:
@@ -636,13 +635,13 @@ def _measure_split(lm: LlamaCppLM) -> tuple[int, dict[str, float]]:
     mem = lib.llama_get_memory(ctx)
     prompt = 48  # a short context: what a small call costs does not hinge on it
 
-    def call(tokens: int, position: int) -> float:
-        for i in range(tokens):
-            batch.token[i] = 1000 + (position + i) % 1000
+    def call(tokens: int, position: int, logits: bool = True) -> float:
+        for i in range(tokens):  # logits for every token, as a block of drafts wants them
+            batch.token[i] = (1000 + position + i) % lm.vocab_size
             batch.pos[i] = position + i
             batch.n_seq_id[i] = 1
             batch.seq_id[i][0] = 0
-            batch.logits[i] = 1
+            batch.logits[i] = logits or i == tokens - 1
         batch.n_tokens = tokens
         began = time.perf_counter()
         if lib.llama_decode(ctx, batch) != 0:
@@ -657,7 +656,7 @@ def _measure_split(lm: LlamaCppLM) -> tuple[int, dict[str, float]]:
         return 1000 * sorted(times[1:])[len(times[1:]) // 2]
 
     try:
-        call(prompt, 0)
+        call(prompt, 0, logits=False)
         timings = {"1": median_ms(1)}
         split = 0
         for k in SPLIT_SIZES:
