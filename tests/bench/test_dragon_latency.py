@@ -60,10 +60,19 @@ def test_the_testbed_removes_its_folder_when_it_closes(monkeypatch, tmp_path):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     monkeypatch.setattr(netns, "net_down", downs.append)
     bed = Testbed(model="m", public_index=tmp_path, private_index=tmp_path)
-    assert bed.workdir.parent == tmp_path and bed.workdir.name.startswith("tandem-dbench-")
-    (bed.workdir / "cloud.log").write_text("the cloud's log\n")
-    bed.close()
-    assert downs == [bed.name] and not bed.workdir.exists()
+    assert bed.workdir is None and not list(tmp_path.iterdir())  # made when it starts
+    started = []
+
+    def net_fails(self, delay_ms):  # the bed's start fails once its folder exists
+        started.append(self.workdir)
+        raise OSError("no network here")
+
+    monkeypatch.setattr(Testbed, "_net", net_fails)
+    with pytest.raises(OSError, match="no network here"), bed:
+        pass
+    assert started and started[0].parent == tmp_path and started[0].name.startswith("tandem-")
+    assert downs == [bed.name] and not started[0].exists()  # gone with the bed
+    bed.close()  # twice is harmless
 
 
 def test_dragon_variants_run_the_dragon_method_with_their_config():

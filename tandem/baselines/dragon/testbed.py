@@ -85,7 +85,7 @@ class Testbed:
         self.status = None
         self.observed: dict[str, dict] = {}  # side -> machine_state() it reported
         self.burner: subprocess.Popen | None = None  # `contended()`'s decoder on the cloud cores
-        self.workdir = Path(tempfile.mkdtemp(prefix="tandem-dbench-"))
+        self.workdir: Path | None = None  # the cloud's ready file and log, made by `_start`
 
     # ---- lifecycle -----------------------------------------------------------------
 
@@ -119,6 +119,7 @@ class Testbed:
     def _start(self) -> None:
         from tandem.testbed.netns import side_argv
 
+        self.workdir = Path(tempfile.mkdtemp(prefix="tandem-dbench-"))
         self.status = self._net(0.0)
         env = {**os.environ, "TANDEM_SECRET": secrets.token_hex(16)}
         ready = self.workdir / "cloud.json"
@@ -206,7 +207,8 @@ class Testbed:
             try:
                 net_down(self.name)
             finally:  # the cloud's ready file and log: a failure's message already holds its tail
-                shutil.rmtree(self.workdir, ignore_errors=True)
+                if self.workdir is not None:
+                    shutil.rmtree(self.workdir, ignore_errors=True)
 
     # ---- use -----------------------------------------------------------------------
 
