@@ -313,13 +313,7 @@ class LlamaCppLM:
         self._arm(cancel)
         try:
             for chunk in chunks:
-                for i, (token, pos, seq, wants) in enumerate(chunk):
-                    batch.token[i] = token
-                    batch.pos[i] = pos
-                    batch.n_seq_id[i] = 1
-                    batch.seq_id[i][0] = seq
-                    batch.logits[i] = wants
-                batch.n_tokens = len(chunk)
+                _fill(batch, chunk)
                 if cancel is not None and cancel.is_set():
                     raise Cancelled("decode cancelled")
                 status = lib.llama_decode(self._ctx, batch)
@@ -560,6 +554,17 @@ class LlamaCppLM:
         self._closer()
 
 
+def _fill(batch: Any, items: list[tuple[int, int, int, bool]]) -> None:
+    """Put (token, position, seq, wants logits) items into a llama batch, one seq each."""
+    for i, (token, pos, seq, wants) in enumerate(items):
+        batch.token[i] = token
+        batch.pos[i] = pos
+        batch.n_seq_id[i] = 1
+        batch.seq_id[i][0] = seq
+        batch.logits[i] = wants
+    batch.n_tokens = len(items)
+
+
 def _split_setting(lm: LlamaCppLM, given: int | None) -> int:
     """`split_calls` as given, else $TANDEM_LLAMA_SPLIT, else `calibrated_split(lm)`."""
     text = os.environ.get("TANDEM_LLAMA_SPLIT") if given is None else str(given)
@@ -636,13 +641,12 @@ def _measure_split(lm: LlamaCppLM) -> tuple[int, dict[str, float]]:
     prompt = 48  # a short context: what a small call costs does not hinge on it
 
     def call(tokens: int, position: int, logits: bool = True) -> float:
-        for i in range(tokens):  # logits for every token, as a block of drafts wants them
-            batch.token[i] = (1000 + position + i) % lm.vocab_size
-            batch.pos[i] = position + i
-            batch.n_seq_id[i] = 1
-            batch.seq_id[i][0] = 0
-            batch.logits[i] = logits or i == tokens - 1
-        batch.n_tokens = tokens
+        # logits for every token, as a block of drafts wants them
+        positions = range(position, position + tokens)
+        _fill(
+            batch,
+            [((1000 + p) % lm.vocab_size, p, 0, logits or p == positions[-1]) for p in positions],
+        )
         began = time.perf_counter()
         if lib.llama_decode(ctx, batch) != 0:
             raise TandemError(f"{lm.name}: llama_decode failed while timing call sizes")

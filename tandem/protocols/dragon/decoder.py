@@ -276,8 +276,9 @@ class DocDecoder:
         if self.state.logits is None and common == len(tokens):
             # cropped outside the last decode block and nothing follows: the law at the cut
             # needs its last token decoded again. With tokens to follow (a rejection's target
-            # token) their decode gives the law, so they go alone: one token, not a block of
-            # two, which llama.cpp's CPU kernels run at ~3.5 single steps (docs/dragon.md)
+            # token) their decode gives the law, so they go alone: the cut's last token is not
+            # decoded a second time (what a call of two costs against two calls is the
+            # backend's business: llama.cpp's `split_calls`)
             self._crop(common - 1)
         todo = tokens[len(self.tokens) :]
         if todo:
