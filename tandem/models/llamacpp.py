@@ -31,6 +31,7 @@ the call, so the state is unchanged.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import hashlib
@@ -79,10 +80,16 @@ BATCH_SHAPE_ERROR = 1.0  # the bound the tests hold llama.cpp to (measured maxim
 # holds 512 cells). Cost measured here: decode steps 7-25% slower.
 NUMERICS = ("default", "invariant")
 # A k-token call (k in SPLIT_SIZES) is fed one token per call where the block costs more than
-# SPLIT_MARGIN times its k one-token calls (medians of SPLIT_REPEATS timed calls after a warm-up).
+# SPLIT_MARGIN times its k one-token calls. Each size's cost is the fastest of SPLIT_REPEATS
+# rounds that time every size in turn, after a warm-up round. Other work on the same cores
+# skews that (a longer call is more likely to be interrupted), so a timing during which this
+# process's threads waited for a core more than SPLIT_DISTURBED of the time is taken again, up
+# to SPLIT_TRIES times, and a decision from a disturbed timing is used but never cached.
 SPLIT_SIZES = (2, 3, 4, 5)
 SPLIT_MARGIN = 1.15
 SPLIT_REPEATS = 3
+SPLIT_DISTURBED = 0.02
+SPLIT_TRIES = 3
 INVARIANT_CHUNK = 32  # below ggml's flash-attention tile of 64 query rows
 _DECODED = False  # a llama_decode ran in this process: ggml has read GGML_CPU_TILED_MM by now
 
@@ -588,7 +595,8 @@ def calibrated_split(lm: LlamaCppLM) -> int:
     from tandem.models.registry import tandem_home
 
     info = lm._lib.llama_print_system_info().decode(errors="replace")
-    key = f"{lm.fingerprint}|{info}|{_cpu_line()}|{lm.threads}|{lm.flash_attn}|{SPLIT_MARGIN}"
+    rule = f"{SPLIT_MARGIN}|fastest of {SPLIT_REPEATS} rounds|undisturbed {SPLIT_DISTURBED}"
+    key = f"{lm.fingerprint}|{info}|{_cpu_line()}|{lm.threads}|{lm.flash_attn}|{rule}"
     path = (
         tandem_home()
         / "calibration"
@@ -598,8 +606,14 @@ def calibrated_split(lm: LlamaCppLM) -> int:
         return int(json.loads(path.read_text())["split_calls"])
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    split, timings = _measure_split(lm)
+    for _ in range(SPLIT_TRIES):
+        split, timings, waited = _measure_split(lm)
+        if waited is not None and waited <= SPLIT_DISTURBED:
+            break
+    else:  # disturbed each time (or no way to tell): good for this process, not for the box
+        return split
     record = {"model": lm.name, "threads": lm.threads, "split_calls": split, "ms": timings}
+    record["waited"] = round(waited, 4)  # share of the timing spent waiting for a core
     try:  # a read-only cache costs a calibration per process, nothing else
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
@@ -621,9 +635,23 @@ def _cpu_line() -> str:
     return f"{fields.get('model name', '')}|{fields.get('flags', '')}"
 
 
-def _measure_split(lm: LlamaCppLM) -> tuple[int, dict[str, float]]:
-    """(split_calls, median ms per call shape) timed in a fresh small context of `lm`'s model,
-    so the model's own cache (and where its rows' cells lie: NUMERICS) is untouched."""
+def _queue_wait_s() -> float | None:
+    """Seconds this process's threads have spent runnable but waiting for a core (the
+    scheduler's run delay, /proc/self/task/*/schedstat), None where the kernel does not say."""
+    total = 0
+    try:
+        for task in Path("/proc/self/task").iterdir():
+            with contextlib.suppress(FileNotFoundError):  # a thread that ended meanwhile
+                total += int((task / "schedstat").read_text().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return total / 1e9
+
+
+def _measure_split(lm: LlamaCppLM) -> tuple[int, dict[str, float], float | None]:
+    """(split_calls, fastest ms per call size, share of the timing this process's threads
+    waited for a core or None) timed in a fresh small context of `lm`'s model, so the model's
+    own cache (and where its rows' cells lie: NUMERICS) is untouched."""
     lib = lm._lib
     cparams = lib.llama_context_default_params()
     cparams.n_ctx = cparams.n_batch = cparams.n_ubatch = 256
@@ -652,23 +680,28 @@ def _measure_split(lm: LlamaCppLM) -> tuple[int, dict[str, float]]:
             raise TandemError(f"{lm.name}: llama_decode failed while timing call sizes")
         return time.perf_counter() - began
 
-    def median_ms(tokens: int) -> float:
-        times = []
-        for _ in range(SPLIT_REPEATS + 1):  # the first is a warm-up
-            times.append(call(tokens, prompt))
-            lib.llama_memory_seq_rm(mem, 0, prompt, -1)
-        return 1000 * sorted(times[1:])[len(times[1:]) // 2]
-
+    sizes = (1, *SPLIT_SIZES)
     try:
         call(prompt, 0, logits=False)
-        timings = {"1": median_ms(1)}
+        began, queued = time.perf_counter(), _queue_wait_s()
+        fastest = dict.fromkeys(sizes, float("inf"))
+        for round_ in range(SPLIT_REPEATS + 1):  # the first round is a warm-up
+            for tokens in sizes:
+                seconds = call(tokens, prompt)
+                lib.llama_memory_seq_rm(mem, 0, prompt, -1)
+                if round_:
+                    fastest[tokens] = min(fastest[tokens], seconds)
+        after = _queue_wait_s()
+        waited = None
+        if queued is not None and after is not None:
+            waited = (after - queued) / max(time.perf_counter() - began, 1e-9)
+        timings = {str(tokens): 1000 * fastest[tokens] for tokens in sizes}
         split = 0
         for k in SPLIT_SIZES:
-            timings[str(k)] = median_ms(k)
-            if timings[str(k)] <= SPLIT_MARGIN * k * timings["1"]:
+            if fastest[k] <= SPLIT_MARGIN * k * fastest[1]:
                 break
             split = k
-        return split, timings
+        return split, timings, waited
     finally:
         lib.llama_batch_free(batch)
         lib.llama_free(ctx)

@@ -30,6 +30,43 @@ def test_the_split_setting_is_a_count_or_auto(monkeypatch):
             llamacpp._split_setting(lm, None)
 
 
+def test_a_split_timed_while_the_cores_were_busy_is_taken_again_and_never_cached(
+    monkeypatch, tmp_path
+):
+    from tandem.models import llamacpp, registry
+
+    monkeypatch.setattr(registry, "tandem_home", lambda: tmp_path)
+    lib = types.SimpleNamespace(llama_print_system_info=lambda: b"CPU : AVX2 = 1")
+    lm = types.SimpleNamespace(_lib=lib, fingerprint="f", threads=1, flash_attn=False, name="m")
+    busy = llamacpp.SPLIT_DISTURBED * 10
+    timings = {"1": 20.0, "2": 70.0}
+
+    def measured(*waits):  # one timing per call, waiting for a core this share of the time
+        calls = iter(waits)
+        monkeypatch.setattr(llamacpp, "_measure_split", lambda lm: (2, timings, next(calls)))
+
+    saved = lambda: list((tmp_path / "calibration").glob("split-*.json"))  # noqa: E731
+    measured(*[busy] * llamacpp.SPLIT_TRIES)  # busy every time: used, not kept for the box
+    assert llamacpp.calibrated_split(lm) == 2 and saved() == []
+    measured(*[None] * llamacpp.SPLIT_TRIES)  # a kernel that cannot tell: not kept either
+    assert llamacpp.calibrated_split(lm) == 2 and saved() == []
+    measured(busy, 0.0)  # busy, then quiet: the quiet timing is kept
+    assert llamacpp.calibrated_split(lm) == 2
+    (path,) = saved()
+    record = __import__("json").loads(path.read_text())
+    assert record["split_calls"] == 2 and record["waited"] == 0.0 and record["ms"] == timings
+    measured()  # read back: not timed again
+    assert llamacpp.calibrated_split(lm) == 2
+
+
+def test_the_queue_wait_of_this_process_is_read_from_the_kernel():
+    from tandem.models import llamacpp
+
+    first = llamacpp._queue_wait_s()
+    assert first is not None and first >= 0.0  # Linux: /proc/self/task/*/schedstat
+    assert llamacpp._queue_wait_s() >= first
+
+
 class CountingLib:
     """llama-cpp-python's module, with the token count of every `llama_decode` recorded."""
 
