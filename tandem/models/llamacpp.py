@@ -90,6 +90,7 @@ SPLIT_MARGIN = 1.15
 SPLIT_REPEATS = 3
 SPLIT_DISTURBED = 0.02
 SPLIT_TRIES = 3
+_SPLITS_TIMED: dict[str, int] = {}  # calibration key -> split_calls timed in this process
 INVARIANT_CHUNK = 32  # below ggml's flash-attention tile of 64 query rows
 _DECODED = False  # a llama_decode ran in this process: ggml has read GGML_CPU_TILED_MM by now
 
@@ -602,6 +603,8 @@ def calibrated_split(lm: LlamaCppLM) -> int:
         / "calibration"
         / f"split-{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
     )
+    if key in _SPLITS_TIMED:  # timed by this process already (disturbed, so not in the cache)
+        return _SPLITS_TIMED[key]
     try:
         return int(json.loads(path.read_text())["split_calls"])
     except (OSError, ValueError, KeyError, TypeError):
@@ -611,6 +614,7 @@ def calibrated_split(lm: LlamaCppLM) -> int:
         if waited is not None and waited <= SPLIT_DISTURBED:
             break
     else:  # disturbed each time (or no way to tell): good for this process, not for the box
+        _SPLITS_TIMED[key] = split
         return split
     record = {"model": lm.name, "threads": lm.threads, "split_calls": split, "ms": timings}
     record["waited"] = round(waited, 4)  # share of the timing spent waiting for a core

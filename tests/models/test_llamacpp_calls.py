@@ -46,10 +46,15 @@ def test_a_split_timed_while_the_cores_were_busy_is_taken_again_and_never_cached
         monkeypatch.setattr(llamacpp, "_measure_split", lambda lm: (2, timings, next(calls)))
 
     saved = lambda: list((tmp_path / "calibration").glob("split-*.json"))  # noqa: E731
+    monkeypatch.setattr(llamacpp, "_SPLITS_TIMED", {})
     measured(*[busy] * llamacpp.SPLIT_TRIES)  # busy every time: used, not kept for the box
     assert llamacpp.calibrated_split(lm) == 2 and saved() == []
+    measured()  # ... but this process does not time it again
+    assert llamacpp.calibrated_split(lm) == 2
+    llamacpp._SPLITS_TIMED.clear()  # a new process
     measured(*[None] * llamacpp.SPLIT_TRIES)  # a kernel that cannot tell: not kept either
     assert llamacpp.calibrated_split(lm) == 2 and saved() == []
+    llamacpp._SPLITS_TIMED.clear()
     measured(busy, 0.0)  # busy, then quiet: the quiet timing is kept
     assert llamacpp.calibrated_split(lm) == 2
     (path,) = saved()
