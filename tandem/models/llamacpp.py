@@ -84,7 +84,8 @@ NUMERICS = ("default", "invariant")
 # rounds that time every size in turn, after a warm-up round. Other work on the same cores
 # skews that (a longer call is more likely to be interrupted), so a timing during which this
 # process's threads waited for a core more than SPLIT_DISTURBED of the time is taken again, up
-# to SPLIT_TRIES times, and a decision from a disturbed timing is used but never cached.
+# to SPLIT_TRIES times, and a decision from a disturbed timing is used but never cached (where
+# the kernel does not report the wait, the first timing is kept, as the only one there is).
 SPLIT_SIZES = (2, 3, 4, 5)
 SPLIT_MARGIN = 1.15
 SPLIT_REPEATS = 3
@@ -611,13 +612,17 @@ def calibrated_split(lm: LlamaCppLM) -> int:
         pass
     for _ in range(SPLIT_TRIES):
         split, timings, waited = _measure_split(lm)
-        if waited is not None and waited <= SPLIT_DISTURBED:
+        if not timings:  # no scratch context: no timing, nothing to keep
+            _SPLITS_TIMED[key] = split
+            return split
+        if waited is None or waited <= SPLIT_DISTURBED:  # quiet, or a kernel that cannot tell
             break
-    else:  # disturbed each time (or no way to tell): good for this process, not for the box
+    else:  # disturbed each time: good for this process, not for the box
         _SPLITS_TIMED[key] = split
         return split
     record = {"model": lm.name, "threads": lm.threads, "split_calls": split, "ms": timings}
-    record["waited"] = round(waited, 4)  # share of the timing spent waiting for a core
+    # share of the timing spent waiting for a core (None: the kernel does not say)
+    record["waited"] = None if waited is None else round(waited, 4)
     try:  # a read-only cache costs a calibration per process, nothing else
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
@@ -667,7 +672,7 @@ def _measure_split(lm: LlamaCppLM) -> tuple[int, dict[str, float], float | None]
     )
     ctx = lib.llama_init_from_model(lm._model, cparams)
     if not ctx:
-        return 0, {}
+        return 0, {}, None
     batch = lib.llama_batch_init(64, 0, 1)
     mem = lib.llama_get_memory(ctx)
     prompt = 48  # a short context: what a small call costs does not hinge on it

@@ -52,8 +52,8 @@ def test_a_split_timed_while_the_cores_were_busy_is_taken_again_and_never_cached
     measured()  # ... but this process does not time it again
     assert llamacpp.calibrated_split(lm) == 2
     llamacpp._SPLITS_TIMED.clear()  # a new process
-    measured(*[None] * llamacpp.SPLIT_TRIES)  # a kernel that cannot tell: not kept either
-    assert llamacpp.calibrated_split(lm) == 2 and saved() == []
+    monkeypatch.setattr(llamacpp, "_measure_split", lambda lm: (0, {}, None))
+    assert llamacpp.calibrated_split(lm) == 0 and saved() == []  # no scratch context: no file
     llamacpp._SPLITS_TIMED.clear()
     measured(busy, 0.0)  # busy, then quiet: the quiet timing is kept
     assert llamacpp.calibrated_split(lm) == 2
@@ -62,6 +62,11 @@ def test_a_split_timed_while_the_cores_were_busy_is_taken_again_and_never_cached
     assert record["split_calls"] == 2 and record["waited"] == 0.0 and record["ms"] == timings
     measured()  # read back: not timed again
     assert llamacpp.calibrated_split(lm) == 2
+    path.unlink()
+    measured(None)  # a kernel that cannot tell: its one timing is kept, as before
+    assert llamacpp.calibrated_split(lm) == 2
+    (path,) = saved()
+    assert __import__("json").loads(path.read_text())["waited"] is None
 
 
 def test_the_queue_wait_of_this_process_is_read_from_the_kernel():
