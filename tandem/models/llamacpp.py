@@ -593,7 +593,9 @@ def _split_setting(lm: LlamaCppLM, given: int | None) -> int:
 def calibrated_split(lm: LlamaCppLM) -> int:
     """The largest k in SPLIT_SIZES such that every call of 2..k tokens costs more than
     SPLIT_MARGIN times as many one-token calls on this box (0: none), timed once in a scratch
-    context of the same model and cached per model, llama.cpp build, CPU and thread count."""
+    context of the same model and cached per model, llama.cpp build, CPU and thread count; a
+    timing disturbed by other work on the cores (SPLIT_DISTURBED) is taken again and, if it
+    stays disturbed, kept for this process only."""
     from tandem.models.registry import tandem_home
 
     info = lm._lib.llama_print_system_info().decode(errors="replace")
@@ -629,7 +631,7 @@ def calibrated_split(lm: LlamaCppLM) -> int:
         partial.write_text(json.dumps(record, indent=1) + "\n")
         partial.replace(path)
     except OSError:
-        pass
+        _SPLITS_TIMED[key] = split
     return split
 
 
