@@ -83,9 +83,10 @@ NUMERICS = ("default", "invariant")
 # SPLIT_MARGIN times its k one-token calls. Each size's cost is the fastest of SPLIT_REPEATS
 # rounds that time every size in turn, after a warm-up round. Other work on the same cores
 # skews that (a longer call is more likely to be interrupted), so a timing during which this
-# process's threads waited for a core more than SPLIT_DISTURBED of the time is taken again, up
-# to SPLIT_TRIES times, and a decision from a disturbed timing is used but never cached (where
-# the kernel does not report the wait, the first timing is kept, as the only one there is).
+# process's threads waited for a core more than SPLIT_DISTURBED of the time is cached as
+# *disturbed*: the next processes that load the model time it again (one timing each, at most
+# SPLIT_TRIES disturbed timings in all, then the last one stands) until a quiet one replaces it.
+# Where the kernel does not report the wait, the first timing stands, as the only one there is.
 SPLIT_SIZES = (2, 3, 4, 5)
 SPLIT_MARGIN = 1.15
 SPLIT_REPEATS = 3
@@ -594,8 +595,8 @@ def calibrated_split(lm: LlamaCppLM) -> int:
     """The largest k in SPLIT_SIZES such that every call of 2..k tokens costs more than
     SPLIT_MARGIN times as many one-token calls on this box (0: none), timed once in a scratch
     context of the same model and cached per model, llama.cpp build, CPU and thread count; a
-    timing disturbed by other work on the cores (SPLIT_DISTURBED) is taken again and, if it
-    stays disturbed, kept for this process only."""
+    timing disturbed by other work on the cores (SPLIT_DISTURBED) is taken again by the next
+    processes, up to SPLIT_TRIES timings in all."""
     from tandem.models.registry import tandem_home
 
     info = lm._lib.llama_print_system_info().decode(errors="replace")
@@ -606,32 +607,31 @@ def calibrated_split(lm: LlamaCppLM) -> int:
         / "calibration"
         / f"split-{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
     )
-    if key in _SPLITS_TIMED:  # timed by this process already (disturbed, so not in the cache)
+    if key in _SPLITS_TIMED:  # timed by this process already
         return _SPLITS_TIMED[key]
     try:
-        return int(json.loads(path.read_text())["split_calls"])
+        cached = json.loads(path.read_text())
+        split, disturbed = int(cached["split_calls"]), int(cached.get("disturbed", 0))
     except (OSError, ValueError, KeyError, TypeError):
-        pass
-    for _ in range(SPLIT_TRIES):
-        split, timings, waited = _measure_split(lm)
-        if not timings:  # no scratch context: no timing, nothing to keep
-            _SPLITS_TIMED[key] = split
-            return split
-        if waited is None or waited <= SPLIT_DISTURBED:  # quiet, or a kernel that cannot tell
-            break
-    else:  # disturbed each time: good for this process, not for the box
-        _SPLITS_TIMED[key] = split
+        cached, disturbed = None, 0
+    if cached is not None and not 0 < disturbed < SPLIT_TRIES:
+        return split  # quiet, or disturbed as often as it will be timed
+    split, timings, waited = _measure_split(lm)
+    _SPLITS_TIMED[key] = split
+    if not timings:  # no scratch context: no timing, nothing to keep
         return split
+    quiet = waited is None or waited <= SPLIT_DISTURBED  # None: the kernel does not say
     record = {"model": lm.name, "threads": lm.threads, "split_calls": split, "ms": timings}
-    # share of the timing spent waiting for a core (None: the kernel does not say)
+    # share of the timing spent waiting for a core, and how many timings in a row were disturbed
     record["waited"] = None if waited is None else round(waited, 4)
+    record["disturbed"] = 0 if quiet else disturbed + 1
     try:  # a read-only cache costs a calibration per process, nothing else
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
         partial.write_text(json.dumps(record, indent=1) + "\n")
         partial.replace(path)
     except OSError:
-        _SPLITS_TIMED[key] = split
+        pass
     return split
 
 

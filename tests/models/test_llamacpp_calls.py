@@ -30,43 +30,75 @@ def test_the_split_setting_is_a_count_or_auto(monkeypatch):
             llamacpp._split_setting(lm, None)
 
 
-def test_a_split_timed_while_the_cores_were_busy_is_taken_again_and_never_cached(
+def test_a_split_timed_while_the_cores_were_busy_is_timed_again_by_the_next_processes(
     monkeypatch, tmp_path
 ):
+    import json
+
     from tandem.models import llamacpp, registry
 
     monkeypatch.setattr(registry, "tandem_home", lambda: tmp_path)
     lib = types.SimpleNamespace(llama_print_system_info=lambda: b"CPU : AVX2 = 1")
     lm = types.SimpleNamespace(_lib=lib, fingerprint="f", threads=1, flash_attn=False, name="m")
     busy = llamacpp.SPLIT_DISTURBED * 10
-    timings = {"1": 20.0, "2": 70.0}
 
-    def measured(*waits):  # one timing per call, waiting for a core this share of the time
-        calls = iter(waits)
-        monkeypatch.setattr(llamacpp, "_measure_split", lambda lm: (2, timings, next(calls)))
+    def measured(*timings):  # (split, share of the time spent waiting for a core) per timing
+        calls = iter(timings)
 
-    saved = lambda: list((tmp_path / "calibration").glob("split-*.json"))  # noqa: E731
-    monkeypatch.setattr(llamacpp, "_SPLITS_TIMED", {})
-    measured(*[busy] * llamacpp.SPLIT_TRIES)  # busy every time: used, not kept for the box
-    assert llamacpp.calibrated_split(lm) == 2 and saved() == []
-    measured()  # ... but this process does not time it again
+        def measure(lm):
+            split, waited = next(calls)  # StopIteration: timed once more than expected
+            return split, {"1": 20.0, "2": 70.0}, waited
+
+        monkeypatch.setattr(llamacpp, "_measure_split", measure)
+
+    def new_process():
+        monkeypatch.setattr(llamacpp, "_SPLITS_TIMED", {})
+
+    def record():
+        (path,) = (tmp_path / "calibration").glob("split-*.json")
+        return json.loads(path.read_text())
+
+    new_process()
+    measured((2, busy))  # busy: used, and cached as disturbed
+    assert llamacpp.calibrated_split(lm) == 2 and record()["disturbed"] == 1
+    measured()  # the same process does not time it again
     assert llamacpp.calibrated_split(lm) == 2
-    llamacpp._SPLITS_TIMED.clear()  # a new process
+    for n in range(2, llamacpp.SPLIT_TRIES + 1):  # the next processes do, one timing each
+        new_process()
+        measured((n, busy))
+        assert llamacpp.calibrated_split(lm) == n and record()["disturbed"] == n
+    new_process()
+    measured()  # disturbed SPLIT_TRIES times: the last timing stands
+    assert llamacpp.calibrated_split(lm) == llamacpp.SPLIT_TRIES
+
+    for path in (tmp_path / "calibration").glob("split-*.json"):
+        path.unlink()
+    new_process()
+    measured((2, busy))
+    assert llamacpp.calibrated_split(lm) == 2
+    new_process()
+    measured((3, 0.0))  # a quiet timing replaces a disturbed one, and stands
+    assert llamacpp.calibrated_split(lm) == 3 and record()["disturbed"] == 0
+    assert record()["waited"] == 0.0 and record()["ms"] == {"1": 20.0, "2": 70.0}
+    new_process()
+    measured()
+    assert llamacpp.calibrated_split(lm) == 3
+
+    for path in (tmp_path / "calibration").glob("split-*.json"):
+        path.unlink()
+    new_process()
+    measured((2, None))  # a kernel that cannot tell: its one timing stands, as before
+    assert llamacpp.calibrated_split(lm) == 2 and record()["waited"] is None
+    new_process()
+    measured()
+    assert llamacpp.calibrated_split(lm) == 2
+
+    for path in (tmp_path / "calibration").glob("split-*.json"):
+        path.unlink()
+    new_process()
     monkeypatch.setattr(llamacpp, "_measure_split", lambda lm: (0, {}, None))
-    assert llamacpp.calibrated_split(lm) == 0 and saved() == []  # no scratch context: no file
-    llamacpp._SPLITS_TIMED.clear()
-    measured(busy, 0.0)  # busy, then quiet: the quiet timing is kept
-    assert llamacpp.calibrated_split(lm) == 2
-    (path,) = saved()
-    record = __import__("json").loads(path.read_text())
-    assert record["split_calls"] == 2 and record["waited"] == 0.0 and record["ms"] == timings
-    measured()  # read back: not timed again
-    assert llamacpp.calibrated_split(lm) == 2
-    path.unlink()
-    measured(None)  # a kernel that cannot tell: its one timing is kept, as before
-    assert llamacpp.calibrated_split(lm) == 2
-    (path,) = saved()
-    assert __import__("json").loads(path.read_text())["waited"] is None
+    assert llamacpp.calibrated_split(lm) == 0  # no scratch context: nothing timed, no file
+    assert list((tmp_path / "calibration").glob("split-*.json")) == []
 
 
 def test_the_queue_wait_of_this_process_is_read_from_the_kernel():
