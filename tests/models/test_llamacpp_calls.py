@@ -151,6 +151,7 @@ def test_the_split_is_measured_once_per_box_and_read_back(real_lm, monkeypatch, 
     from tandem.models import llamacpp, registry
 
     monkeypatch.setattr(registry, "tandem_home", lambda: tmp_path)
+    monkeypatch.setattr(llamacpp, "_SPLITS_TIMED", {})  # as a new process: nothing timed yet
     split = llamacpp.calibrated_split(real_lm)
     (saved,) = (tmp_path / "calibration").glob("split-*.json")
     record = __import__("json").loads(saved.read_text())
@@ -164,4 +165,5 @@ def test_the_split_is_measured_once_per_box_and_read_back(real_lm, monkeypatch, 
         expected = k
     assert split == expected and rule == list(llamacpp.SPLIT_SIZES[: len(rule)])
     monkeypatch.setattr(llamacpp, "_measure_split", types.SimpleNamespace)  # must not run
+    llamacpp._SPLITS_TIMED.clear()  # another process: reads the file
     assert llamacpp.calibrated_split(real_lm) == split
