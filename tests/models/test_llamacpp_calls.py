@@ -58,6 +58,11 @@ def test_a_split_timed_while_the_cores_were_busy_is_timed_again_by_the_next_proc
         (path,) = (tmp_path / "calibration").glob("split-*.json")
         return json.loads(path.read_text())
 
+    def new_box():  # an empty cache, and a new process
+        for path in (tmp_path / "calibration").glob("split-*.json"):
+            path.unlink()
+        new_process()
+
     new_process()
     measured((2, busy))  # busy: used, and cached as disturbed
     assert llamacpp.calibrated_split(lm) == 2 and record()["disturbed"] == 1
@@ -71,9 +76,7 @@ def test_a_split_timed_while_the_cores_were_busy_is_timed_again_by_the_next_proc
     measured()  # disturbed SPLIT_TRIES times: the last timing stands
     assert llamacpp.calibrated_split(lm) == llamacpp.SPLIT_TRIES
 
-    for path in (tmp_path / "calibration").glob("split-*.json"):
-        path.unlink()
-    new_process()
+    new_box()
     measured((2, busy))
     assert llamacpp.calibrated_split(lm) == 2
     new_process()
@@ -84,18 +87,14 @@ def test_a_split_timed_while_the_cores_were_busy_is_timed_again_by_the_next_proc
     measured()
     assert llamacpp.calibrated_split(lm) == 3
 
-    for path in (tmp_path / "calibration").glob("split-*.json"):
-        path.unlink()
-    new_process()
+    new_box()
     measured((2, None))  # a kernel that cannot tell: its one timing stands, as before
     assert llamacpp.calibrated_split(lm) == 2 and record()["waited"] is None
     new_process()
     measured()
     assert llamacpp.calibrated_split(lm) == 2
 
-    for path in (tmp_path / "calibration").glob("split-*.json"):
-        path.unlink()
-    new_process()
+    new_box()
     monkeypatch.setattr(llamacpp, "_measure_split", lambda lm: (0, {}, None))
     assert llamacpp.calibrated_split(lm) == 0  # no scratch context: nothing timed, no file
     assert list((tmp_path / "calibration").glob("split-*.json")) == []
