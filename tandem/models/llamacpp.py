@@ -612,10 +612,10 @@ def calibrated_split(lm: LlamaCppLM) -> int:
     try:
         cached = json.loads(path.read_text())
         split, disturbed = int(cached["split_calls"]), int(cached.get("disturbed", 0))
+        if not 0 < disturbed < SPLIT_TRIES:
+            return split  # quiet, or disturbed as often as it will be timed
     except (OSError, ValueError, KeyError, TypeError):
-        cached, disturbed = None, 0
-    if cached is not None and not 0 < disturbed < SPLIT_TRIES:
-        return split  # quiet, or disturbed as often as it will be timed
+        disturbed = 0  # no cache yet
     split, timings, waited = _measure_split(lm)
     _SPLITS_TIMED[key] = split
     if not timings:  # no scratch context: no timing, nothing to keep
