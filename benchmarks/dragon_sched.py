@@ -210,6 +210,7 @@ class Simulation:
                     seed=seed,
                     margin=config.switch_margin_s,
                     horizon=config.switch_horizon,
+                    mirrored=config.mirror,
                 ),
                 first_aggregator=CLOUD if strategy == CLOUD else DEVICE,
                 max_new_tokens=config.tokens,

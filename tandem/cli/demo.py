@@ -137,8 +137,10 @@ def print_report(report, console) -> None:
             f"{side} drafts accepted",
             "-" if rate is None else f"{report.accepted(side)} ({rate:.0%})",
         )
-    switches = ", ".join(f"@{pos}->{side}" for pos, side in report.switches) or "none"
-    table.add_row("aggregator switches", f"{len(report.switches)}: {switches}")
+    switches = ", ".join(f"@{pos}->{side}" for pos, side in report.switches)
+    table.add_row(
+        "aggregator switches", f"{len(report.switches)}: {switches}" if switches else "none"
+    )
     table.add_row(
         "rollbacks / cancelled decodes", f"{report.rollbacks} / {report.decodes_cancelled}"
     )

@@ -40,12 +40,12 @@ Mirroring (`mirror=True`). Both sides hold both draft queues with the laws as se
 Algorithm 1 draws from the position seed, so the side that does not aggregate can run the
 same rule on the same two drafts the moment it holds both, instead of waiting for the
 aggregator's verdict a one-way trip later. A rejected side thus learns of it as soon as the
-peer's draft arrives, and a switch of the aggregator costs the resolutions nothing. The
-aggregator still runs the scheduler and sends switches; the output is the same (the same rule
-on the same inputs). A verdict would only confirm, so none is sent: instead every draft
-carries a *stamp* `(n, crc)`, its side's resolved count and the CRC-32 of those n tokens
-(`prefix_crc`), and each side checks the peer's stamps against its own resolutions as it
-reaches n (a mismatch raises). Both sides thus check each other, at no extra message; the
+peer's draft arrives, and a switch of the aggregator costs the resolutions nothing, so the
+"dragon" scheduler keeps the aggregator where it is (scheduler.py, *mirrored*); the controls
+("random", ...) still move it, with the same output (the same rule on the same inputs). A
+verdict would only confirm, so none is sent: instead every draft carries a *stamp* `(n,
+crc)`, its side's resolved count and the CRC-32 of those n tokens (`prefix_crc`), and each
+side checks the peer's stamps against its own resolutions as it reaches n (a mismatch raises). Both sides thus check each other, at no extra message; the
 positions resolved after a side's last draft are not compared (its drafts run ahead of the
 resolutions, so that is up to a lookahead's worth at the end of a session; the verdicts
 that ended a session were not read either, the mirroring side being done first).

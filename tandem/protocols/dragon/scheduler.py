@@ -16,6 +16,12 @@ the other side):
   sides' decode costs differ 2-3x, noise in the acceptance estimates flipped the aggregator
   4-10 times a generation at 300-400 ms and lost 3.5-4.5% to the best fixed placement
   (docs/dragon-figures.md, "Costs that differ 2-3x").
+- *mirrored* (ours): under mirroring (machine.py) the side that does not aggregate resolves a
+  position as soon as it holds both drafts, so where the aggregator sits moves no token time:
+  Eq. 7 is the same for both placements and the true gap is zero. The scheduler then computes
+  Eq. 8's gap for the record but keeps the aggregator where it is; moving it would only cost
+  a message (at small round trips, noise in the acceptance estimates flipped it a dozen
+  times an answer in `tandem demo`).
 
 Strategies (`Scheduler`): "dragon" (Eq. 7/8), "device", "cloud" (static), "random" (a fair
 coin per token from the position seed). All functions here are pure; a simulator (paper
@@ -110,10 +116,17 @@ class Scheduler:
     """Chooses the side that aggregates the next position."""
 
     def __init__(
-        self, strategy: str = "dragon", *, seed: int = 0, margin: float = 0.0, horizon: int = 0
+        self,
+        strategy: str = "dragon",
+        *,
+        seed: int = 0,
+        margin: float = 0.0,
+        horizon: int = 0,
+        mirrored: bool = False,
     ):
         """`margin`: seconds per token the other side must be better by; `horizon`: tokens a
-        switch must repay its one-way trip in (0: no such price, the paper's rule)."""
+        switch must repay its one-way trip in (0: no such price, the paper's rule);
+        `mirrored`: the protocol mirrors, so "dragon" never moves the aggregator."""
         if strategy not in STRATEGIES:
             raise ValueError(f"unknown strategy {strategy!r}")
         if horizon < 0:
@@ -122,12 +135,13 @@ class Scheduler:
         self.seed = seed
         self.margin = margin
         self.horizon = horizon
+        self.mirrored = mirrored
 
     @classmethod
     def for_config(cls, config) -> Scheduler:
-        """The scheduler a `DragonConfig` describes (strategy, seed, margin, horizon)."""
+        """The scheduler a `DragonConfig` describes (strategy, seed, margin, horizon, mirror)."""
         return cls(config.strategy, seed=config.seed, margin=config.switch_margin_s,
-                   horizon=config.switch_horizon)  # fmt: skip
+                   horizon=config.switch_horizon, mirrored=config.mirror)  # fmt: skip
 
     def decide(self, here: str, position: int, estimates: Estimates | None) -> Decision:
         if self.strategy in (DEVICE, CLOUD):
@@ -145,6 +159,8 @@ class Scheduler:
             estimates.alpha[there],
             estimates.rtt,
         )
+        if self.mirrored:  # no placement is faster: nothing to repay a switch's message
+            return Decision(here, gap)
         threshold = self.margin
         if self.horizon:
             threshold = max(threshold, estimates.rtt / 2 / self.horizon)

@@ -388,6 +388,10 @@ def test_mirroring_changes_nothing_but_timing(tiny_lm, tiny_lm_b, corpora, strat
         assert device.mirrored > 0 and cloud.mirrored == 0
     if strategy == "device":
         assert cloud.mirrored > 0 and device.mirrored == 0
+    if strategy == "dragon":  # no placement is faster, so the aggregator never moves
+        assert device.switches == cloud.switches == [] and device.aggregated_by("device") > 0
+    if strategy == "random":  # the control still moves it
+        assert device.switches and cloud.switches
 
 
 def test_sessions_free_their_rows_at_the_end(tiny_lm, tiny_lm_b, corpora, monkeypatch):

@@ -99,6 +99,26 @@ def test_a_switch_horizon_prices_the_one_way_trip_a_switch_costs():
     assert Scheduler.for_config(DragonConfig()).horizon == 64  # the live default
 
 
+def test_mirrored_dragon_keeps_the_aggregator_and_reports_eq8():
+    """Under mirroring no placement is faster, so "dragon" never moves the aggregator (a move
+    would only cost a message); Eq. 8's gap is still computed, for the record."""
+    est = estimates(0.3, 0.2, 1.0, 0.0, 0.5)  # the paper's rule hands over to the cloud here
+    paper = Scheduler("dragon").decide("device", 0, est)
+    assert paper.aggregator == "cloud"
+    for here in ("device", "cloud"):
+        kept = Scheduler("dragon", mirrored=True).decide(here, 0, est)
+        assert kept.aggregator == here
+    assert Scheduler("dragon", mirrored=True).decide("device", 0, est).gap == paper.gap
+    # the controls are what they are: a static side, a coin per position
+    assert Scheduler("cloud", mirrored=True).decide("device", 0, est).aggregator == "cloud"
+    coins = {
+        Scheduler("random", mirrored=True).decide("device", t, est).aggregator for t in range(20)
+    }
+    assert coins == {"device", "cloud"}
+    assert Scheduler.for_config(DragonConfig()).mirrored  # the live default mirrors
+    assert not Scheduler.for_config(DragonConfig(mirror=False)).mirrored
+
+
 def test_static_and_random_strategies():
     est = estimates(0.3, 0.2, 1.0, 0.0, 0.5)
     assert {Scheduler("device").decide(s, 0, est).aggregator for s in ("device", "cloud")} == {
