@@ -16,13 +16,13 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from benchmarks.dragon_latency import TARGETS
 from benchmarks.report import new_figure, save_json, save_png
 from tandem.errors import TandemError
 from tandem.testbed.netns import JITTER
 
 BASELINE = "crcg-device"
 METHOD = "dragon-side-static-mirror"  # the benchmarked form (one row per side, mirrored)
-TARGETS = {0.0: 1.10, 300.0: 1.20}  # issue 14: per-token latency over CRCG/Device
 
 
 def read(path: Path) -> dict[str, Any]:

@@ -202,6 +202,15 @@ def test_target_lines_give_three_decimals_and_say_met_or_missed():
     assert any("+300 ms:" in x and "per-token 1.187x" in x and ": met" in x for x in lines), lines
     assert any("TTFT 0.750x" in x and ": met" in x for x in lines), lines
     assert not any("testbed control" in x for x in lines), lines  # only when it ran
+    # each target at the delay it names: a run of +0 alone gets no "<= 1.20x" line, one of
+    # +0 and +200 none either (the +300 target is not the +200 one)
+    for last in (0.0, 200.0):
+        some = [r for r in rows if r["delay_ms"] == 0.0] + [
+            {**r, "delay_ms": last} for r in rows if r["delay_ms"] == 300.0
+        ] * (last > 0)
+        lines = targets(some, theory=[])
+        assert sum("target <=" in x for x in lines) == 2, lines  # +0 per token, +0 TTFT
+        assert not any("1.20x" in x for x in lines), lines
 
 
 def test_the_contention_control_gets_a_ratio_and_no_verdict():
