@@ -50,12 +50,14 @@ def demo(
     private: Path = typer.Option(
         None, help="Private corpus folder (default: examples/private-notes)."
     ),
-    delay_ms: float = typer.Option(0.0, help="Emulated one-way delay each way (jitter 1/5 of it)."),
+    delay_ms: float = typer.Option(
+        0.0, min=0.0, help="Emulated one-way delay each way (jitter 1/5 of it)."
+    ),
     kill_cloud_after: int = typer.Option(
-        0, help="Kill the cloud process after N tokens (fault demo)."
+        0, min=0, help="Kill the cloud process after N tokens (fault demo)."
     ),
     threads: int = typer.Option(
-        0, help="Threads per process (0: device and cloud each pinned to half the cores)."
+        0, min=0, help="Threads per process (0: device and cloud each pinned to half the cores)."
     ),
     json_out: Path = typer.Option(None, "--json", help="Also write the measurements here."),
 ) -> None:

@@ -31,3 +31,12 @@ def test_the_dragon_demo_runs_end_to_end_and_leaves_no_folder(tmp_path, monkeypa
     assert report["bytes_sent"] > 0 and report["bytes_received"] > 0
     assert "DRAGON session (device view)" in result.output
     assert not list(scratch.glob("tandem-*"))  # the cloud's ready file and log are gone
+
+
+@pytest.mark.parametrize(
+    "flag", [["--delay-ms", "-5"], ["--threads", "-1"], ["--kill-cloud-after", "-2"]]
+)
+def test_a_negative_number_is_refused_before_anything_starts(flag):
+    """A negative delay was taken as no delay; now each such flag is an error that names it."""
+    result = CliRunner().invoke(app, ["demo", *flag])
+    assert result.exit_code == 2 and flag[0] in result.output, result.output
