@@ -16,6 +16,10 @@ Words used here:
   `num_accepted + 1` tokens.
 - *greedy rows*: when every target row of a block is one-hot (temperature 0), acceptance is
   the deterministic test `draft token == argmax`, and the next token is the argmax.
+  `verify_greedy` is that path on the raw logits, for a verifier that knows it decodes at
+  temperature 0 under the standard rule: the same verdict, without building one-hot rows
+  (at a plain decoding step that was most of the ~1 ms a token the loop cost beyond the
+  engine's decode on one core).
 
 The output law is exactly the target chain (`docs/exactness.md`, `tests/exactness/`).
 `verify_batch` is the one rejection sampler every mode verifies with; `verify` is its
@@ -160,6 +164,28 @@ def verify_batch(
         num_accepted=num_accepted,
         next_token=next_token,
         is_bonus=is_bonus,
+    )
+
+
+def verify_greedy(
+    draft_tokens: torch.Tensor,  # [gamma] int64
+    logits: torch.Tensor,  # [gamma + 1, vocab]: the target's rows, bonus row last
+) -> Verdict:
+    """`verify` of one block against the greedy (one-hot) rows at the argmax of `logits`, as
+    `warp(logits, temperature=0)` makes them: draft i passes iff it is its row's argmax (ties:
+    the lowest id, as `torch.argmax`), the next token is the argmax after the last pass. No
+    randomness is involved, so no draws are taken."""
+    assert draft_tokens.dim() == 1 and draft_tokens.dtype == torch.int64, draft_tokens
+    gamma = draft_tokens.shape[0]
+    assert logits.dim() == 2 and logits.shape[0] == gamma + 1, (logits.shape, gamma)
+    argmax = logits.argmax(dim=-1).tolist()  # [gamma + 1]
+    drafts = draft_tokens.tolist()
+    num_accepted = next((i for i in range(gamma) if drafts[i] != argmax[i]), gamma)
+    return Verdict(
+        num_accepted=num_accepted,
+        next_token=argmax[num_accepted],
+        is_bonus=num_accepted == gamma,
+        accepted_tokens=tuple(drafts[:num_accepted]),
     )
 
 

@@ -105,3 +105,25 @@ def test_shapes_are_checked():
         speculative.verify(
             torch.tensor([0, 1]), draft[:1], rows([0.5, 0.5]).expand(3, 2), generator
         )
+
+
+def test_verify_greedy_is_the_samplers_greedy_path():
+    """On raw logits full of ties (small integers), at every block size 0-5 and every depth
+    of agreement, `verify_greedy` gives `verify`'s verdict on `warp(logits, temperature=0)`."""
+    from tandem.sampling.warp import warp
+
+    gen = torch.Generator().manual_seed(3)
+    checked = 0
+    for _ in range(300):
+        gamma = int(torch.randint(0, 6, (1,), generator=gen))
+        vocab = int(torch.randint(2, 9, (1,), generator=gen))
+        logits = torch.randint(-3, 3, (gamma + 1, vocab), generator=gen).float()  # ties
+        argmax = logits.argmax(dim=-1)
+        drafts = torch.randint(0, vocab, (gamma,), generator=gen)
+        agree = int(torch.randint(0, gamma + 1, (1,), generator=gen))
+        drafts[:agree] = argmax[:agree]  # the first `agree` drafts pass, the rest by chance
+        draft_probs = torch.softmax(torch.randn(gamma, vocab, generator=gen), dim=-1)
+        expected = speculative.verify(drafts, draft_probs, warp(logits, temperature=0.0), gen)
+        assert speculative.verify_greedy(drafts, logits) == expected, (logits, drafts)
+        checked += expected.num_accepted > 0 and not expected.is_bonus
+    assert checked > 20  # partial acceptances were among the cases
