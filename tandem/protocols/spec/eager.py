@@ -149,8 +149,11 @@ class EagerVerifier(Verifier):
         passes = self.ctx.forward_passes
         row = self.ctx.logits(cancel=self.cancel)[-1]  # [vocab]
         self.last_step_free = self.ctx.forward_passes == passes  # the row was already there
-        target_probs = warp(row, **self.config.sampling())
-        token = sample_at(target_probs, self.config.seed, "verify", self.frontier)
+        if self.config.temperature == 0:  # warp's one-hot row, whose draw is its argmax
+            token = int(row.argmax())
+        else:
+            target_probs = warp(row, **self.config.sampling())
+            token = sample_at(target_probs, self.config.seed, "verify", self.frontier)
         self.committed.append(token)
         self.ctx.append([token])
         self.ar_steps += 1

@@ -35,6 +35,7 @@ from tandem.protocols.spec.config import SpecConfig
 from tandem.protocols.spec.context import LMContext
 from tandem.sampling.acceptance import Augmented, Rule, Standard, judge
 from tandem.sampling.seeds import PositionDraws
+from tandem.sampling.speculative import verify_greedy
 from tandem.sampling.warp import warp
 
 
@@ -101,6 +102,11 @@ class Verifier:
         self.ctx = LMContext(lm, prompt_ids, token_calls=config.verify_calls == "token")
         self.eos_id = eos_id if config.stop_at_eos else None
         self.rule = make_rule(config)
+        # greedy under the target's own law, recovered tokens drawn here: `verify_greedy`
+        # gives `judge`'s verdict on the raw logits (the top-K downlink needs the laws)
+        self.greedy = (
+            config.temperature == 0 and type(self.rule) is Standard and not config.separate
+        )
         self.committed: list[int] = []
         self.epoch = 0
         self.cancel = threading.Event()
@@ -133,11 +139,11 @@ class Verifier:
         rows = self.ctx.logits(request.fixed + drafts, cancel=self.cancel)  # [f + n + 1, V]
         self.forward_passes += 1
         self.committed.extend(request.fixed)
-        target_probs = warp(rows[len(request.fixed) :], **self.config.law_sampling())  # [n+1, V]
+        target_rows = rows[len(request.fixed) :]  # [n + 1, V]
         # augmented: no draft law at the bonus position, so no bonus (config.py)
         final = request.final and not (self.config.augmented and drafts)
         num_accepted, next_token, payload = self._verify_positions(
-            first, drafts, request.draft_rows, target_probs, final
+            first, drafts, request.draft_rows, target_rows, final
         )
         self.committed.extend(drafts[:num_accepted])
         self.ctx.truncate(self.frontier)
@@ -164,17 +170,21 @@ class Verifier:
         first: int,
         drafts: tuple[int, ...],
         draft_rows: torch.Tensor | None,  # [>= len(drafts), vocab]
-        target_probs: torch.Tensor,  # [len(drafts) + 1, vocab]
+        target_rows: torch.Tensor,  # [len(drafts) + 1, vocab] logits
         final: bool,
     ) -> tuple[int, int | None, bytes]:
         n = len(drafts)
-        verdict, laws = judge(
-            self.rule,
-            torch.tensor(drafts, dtype=torch.int64),
-            draft_rows[:n] if n else None,
-            target_probs,
-            PositionDraws(self.config.seed, "verify", first),
-        )
+        draft_tokens = torch.tensor(drafts, dtype=torch.int64)
+        if self.greedy:
+            verdict = verify_greedy(draft_tokens, target_rows)
+        else:
+            verdict, laws = judge(
+                self.rule,
+                draft_tokens,
+                draft_rows[:n] if n else None,
+                warp(target_rows, **self.config.law_sampling()),
+                PositionDraws(self.config.seed, "verify", first),
+            )
         accepted = drafts[: verdict.num_accepted]
         if self.eos_id in accepted:  # nothing after an accepted eos counts
             return accepted.index(self.eos_id) + 1, None, b""
