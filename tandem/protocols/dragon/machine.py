@@ -45,10 +45,11 @@ peer's draft arrives, and a switch of the aggregator costs the resolutions nothi
 ("random", ...) still move it, with the same output (the same rule on the same inputs). A
 verdict would only confirm, so none is sent: instead every draft carries a *stamp* `(n,
 crc)`, its side's resolved count and the CRC-32 of those n tokens (`prefix_crc`), and each
-side checks the peer's stamps against its own resolutions as it reaches n (a mismatch raises). Both sides thus check each other, at no extra message; the
-positions resolved after a side's last draft are not compared (its drafts run ahead of the
-resolutions, so that is up to a lookahead's worth at the end of a session; the verdicts
-that ended a session were not read either, the mirroring side being done first).
+side checks the peer's stamps against its own resolutions as it reaches n (a mismatch
+raises). Both sides thus check each other, at no extra message; the positions resolved after
+a side's last draft are not compared (its drafts run ahead of the resolutions, so that is up
+to a lookahead's worth at the end of a session; the verdicts that ended a session were not
+read either, the mirroring side being done first).
 
 Branch drafts (`branch`; queues.py defines them). A side that does not aggregate learns
 that its draft at t was rejected a one-way trip after the aggregator knew, and only then
