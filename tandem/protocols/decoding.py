@@ -38,10 +38,9 @@ from typing import Protocol
 import torch
 
 from tandem.models.base import CausalLM, State
-from tandem.sampling.acceptance import Rule, Standard, judge
+from tandem.sampling.acceptance import Rule, Standard, judge_logits
 from tandem.sampling.seeds import PositionDraws
-from tandem.sampling.speculative import Verdict, verify_greedy
-from tandem.sampling.warp import warp
+from tandem.sampling.speculative import Verdict
 
 OnToken = Callable[[int], None]  # every mode streams its output tokens through this, in order
 
@@ -132,8 +131,6 @@ class Target:
         self.lm, self.state, self.seed, self.purpose = lm, state, seed, purpose
         self.sampling = {"temperature": temperature, "top_k": top_k, "top_p": top_p}
         self.rule = rule if rule is not None else Standard()
-        # temperature 0 under the target's own law: `verify_greedy` gives `judge`'s verdict
-        self.greedy = temperature == 0 and type(self.rule) is Standard
         self.prompt_logits = state.logits[:1].clone()  # [1, vocab] predicts output position 0
         self.pending: list[int] = []
 
@@ -151,18 +148,14 @@ class Target:
             rows = self.lm.decode(self.state, [feed])[0]  # [len(feed), vocab]
             logits = rows if self.pending else torch.cat([self.prompt_logits, rows])
         assert logits.shape[0] == n + 1, (logits.shape, n)
-        draft_tokens = torch.tensor(drafts, dtype=torch.int64)
-        if self.greedy:  # the sampler's greedy path, without building one-hot rows
-            verdict = verify_greedy(draft_tokens, logits)
-        else:
-            target_probs = warp(logits, **self.sampling)  # [n + 1, vocab]
-            verdict, _ = judge(
-                self.rule,
-                draft_tokens,
-                draft_probs,
-                target_probs,
-                PositionDraws(self.seed, self.purpose, position),
-            )
+        verdict, _ = judge_logits(
+            self.rule,
+            torch.tensor(drafts, dtype=torch.int64),
+            draft_probs,
+            logits,
+            PositionDraws(self.seed, self.purpose, position),
+            sampling=self.sampling,
+        )
         self.lm.rollback(self.state, n - verdict.num_accepted)
         self.pending = [verdict.next_token]
         return verdict

@@ -20,6 +20,9 @@ Rules:
   The bonus row follows p_hat when the drafter's law there is known, else the target.
   `greedy`: the one-hot argmax of p_hat (the spec modes' "augmented greedy").
 
+Verifiers holding raw logits call `judge_logits`, which warps them, except at temperature 0
+under `Standard`, where it takes the sampler's greedy path on the logits directly.
+
 SQS-SD's transmitted law and separate rejection are not rules: the draft rows a verifier
 holds already are the transmitted (decoded) laws, and separate rejection only changes who
 draws the recovered token (`tandem.protocols.spec.separate`).
@@ -35,6 +38,7 @@ import torch
 from tandem.sampling import speculative
 from tandem.sampling.rapid import augmented_from_probs, check_mode, paper_residual
 from tandem.sampling.seeds import Draws
+from tandem.sampling.warp import warp
 
 
 @dataclass(frozen=True)
@@ -104,3 +108,22 @@ def judge(
         draft_tokens, draft_probs[:n], laws.verify, draws, residual_probs=laws.residual
     )
     return verdict, laws
+
+
+def judge_logits(
+    rule: Rule,
+    draft_tokens: torch.Tensor,  # [n] int64
+    draft_probs: torch.Tensor | None,  # [n or n + 1, vocab]; None: no drafts (n = 0)
+    logits: torch.Tensor,  # [n + 1, vocab]: the target's raw rows
+    draws: torch.Generator | Draws,
+    *,
+    sampling: dict,  # `warp`'s keyword arguments
+    laws: bool = False,
+) -> tuple[speculative.Verdict, Laws | None]:
+    """`judge` on the target's raw logits warped by `sampling`. At temperature 0 under the
+    standard rule, unless the caller needs the laws, it takes the sampler's greedy path on the
+    logits themselves (`speculative.verify_greedy`: the same verdict, no one-hot rows over the
+    vocabulary built, no draws taken) and returns no laws."""
+    if sampling["temperature"] == 0 and type(rule) is Standard and not laws:
+        return speculative.verify_greedy(draft_tokens, logits), None
+    return judge(rule, draft_tokens, draft_probs, warp(logits, **sampling), draws)

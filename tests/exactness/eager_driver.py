@@ -27,10 +27,10 @@ from tandem.codecs import make_codec
 from tandem.codecs.base import Draft
 from tandem.protocols.spec import drafter as drafter_module
 from tandem.protocols.spec import eager as eager_module
-from tandem.protocols.spec import verifier as verifier_module
 from tandem.protocols.spec import wire
 from tandem.protocols.spec.config import SpecConfig
 from tandem.protocols.spec.eager import EagerDrafter, EagerVerifier
+from tandem.sampling import acceptance as acceptance_module
 from tandem.sampling.speculative import Verdict
 
 MAX_EVENTS = 2000
@@ -148,13 +148,14 @@ def branching(oracle_ref: list):
         accepted = tuple(int(t) for t in draft_tokens)
         return Verdict(len(accepted), -1, True, accepted), laws
 
-    saved = (drafter_module.qs_draft, eager_module.sample_at, verifier_module.judge)
-    drafter_module.qs_draft, verifier_module.judge = draft, judge
+    # the verifier judges through `acceptance.judge_logits`, which calls `acceptance.judge`
+    saved = (drafter_module.qs_draft, eager_module.sample_at, acceptance_module.judge)
+    drafter_module.qs_draft, acceptance_module.judge = draft, judge
     eager_module.sample_at = lambda probs, seed, purpose, position: sample_one(probs, None)
     try:
         yield
     finally:
-        drafter_module.qs_draft, eager_module.sample_at, verifier_module.judge = saved
+        drafter_module.qs_draft, eager_module.sample_at, acceptance_module.judge = saved
 
 
 def law(run) -> dict[tuple[int, ...], float]:

@@ -33,10 +33,8 @@ from tandem.codecs import TopKCodec
 from tandem.models.base import CausalLM
 from tandem.protocols.spec.config import SpecConfig
 from tandem.protocols.spec.context import LMContext
-from tandem.sampling.acceptance import Augmented, Rule, Standard, judge
+from tandem.sampling.acceptance import Augmented, Rule, Standard, judge_logits
 from tandem.sampling.seeds import PositionDraws
-from tandem.sampling.speculative import verify_greedy
-from tandem.sampling.warp import warp
 
 
 @dataclass(frozen=True)
@@ -102,11 +100,6 @@ class Verifier:
         self.ctx = LMContext(lm, prompt_ids, token_calls=config.verify_calls == "token")
         self.eos_id = eos_id if config.stop_at_eos else None
         self.rule = make_rule(config)
-        # greedy under the target's own law, recovered tokens drawn here: `verify_greedy`
-        # gives `judge`'s verdict on the raw logits (the top-K downlink needs the laws)
-        self.greedy = (
-            config.temperature == 0 and type(self.rule) is Standard and not config.separate
-        )
         self.committed: list[int] = []
         self.epoch = 0
         self.cancel = threading.Event()
@@ -174,17 +167,15 @@ class Verifier:
         final: bool,
     ) -> tuple[int, int | None, bytes]:
         n = len(drafts)
-        draft_tokens = torch.tensor(drafts, dtype=torch.int64)
-        if self.greedy:
-            verdict = verify_greedy(draft_tokens, target_rows)
-        else:
-            verdict, laws = judge(
-                self.rule,
-                draft_tokens,
-                draft_rows[:n] if n else None,
-                warp(target_rows, **self.config.law_sampling()),
-                PositionDraws(self.config.seed, "verify", first),
-            )
+        verdict, laws = judge_logits(
+            self.rule,
+            torch.tensor(drafts, dtype=torch.int64),
+            draft_rows[:n] if n else None,
+            target_rows,
+            PositionDraws(self.config.seed, "verify", first),
+            sampling=self.config.law_sampling(),
+            laws=self.config.separate,  # the top-K downlink sends the law of a rejection
+        )
         accepted = drafts[: verdict.num_accepted]
         if self.eos_id in accepted:  # nothing after an accepted eos counts
             return accepted.index(self.eos_id) + 1, None, b""
