@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import hashlib
 import json
 import os
@@ -635,6 +636,7 @@ def calibrated_split(lm: LlamaCppLM) -> int:
     return split
 
 
+@functools.cache  # the processor does not change under a running process
 def _cpu_line() -> str:
     """This box's processor as /proc/cpuinfo names it (model and flags), '' where unreadable."""
     try:
