@@ -19,6 +19,7 @@ which are no-ops for the other codecs.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol, runtime_checkable
 
@@ -205,6 +206,13 @@ def normalized_fp16(values: np.ndarray) -> np.ndarray:
     correctly rounded.
     """
     half = np.asarray(values, dtype=np.float16)
+    if half.shape == (1,):  # one kept token (most greedy drafts): v / v, without numpy's calls
+        value = float(half[0])
+        if not math.isfinite(value) or value < 0:
+            raise CodecError("decoded values are negative or non-finite")
+        if not value > 0:
+            raise CodecError("decoded values are all zero")
+        return np.ones(1, dtype=np.float32)
     if half.shape[0] > 1024:  # torch widens a long vector about twice as fast as numpy
         wide = torch.from_numpy(np.array(half)).float().numpy().astype(np.float64)
     else:  # a sparse law's few values: numpy, without torch's per-call cost

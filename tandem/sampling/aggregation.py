@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from tandem.sampling.warp import normalize, sample_rows
+from tandem.sampling.warp import normalize, sample_rows, unique_ids
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,7 @@ def greedy_aggregate(
         return int(ids[target.argmax()])
     # the same float32 products and sum per id as `mixture`, in numpy: a few dozen numbers
     eta_l, eta_r = _float32_weights(float(local_logweight), float(remote_logweight))
-    ids = np.unique(support.numpy())  # ascending: ties go to the lowest id (np.argmax: first)
+    ids = unique_ids(support)  # ascending: ties go to the lowest id (np.argmax: first)
     target = eta_l * local_probs.numpy()[ids] + eta_r * remote_probs.numpy()[ids]
     return int(ids[int(np.argmax(target))])
 

@@ -110,11 +110,26 @@ def support_argmax(probs: torch.Tensor, support: torch.Tensor | None = None) -> 
     id, without a pass over the vocabulary."""
     if support is None:
         return int(probs.argmax())
+    if support.shape[0] == 1:  # one id (most sparse greedy drafts): the one candidate
+        return int(support[0])
     if probs.device.type != "cpu" or probs.dtype not in (torch.float32, torch.float64):
         ids = torch.unique(support)  # ascending, so a tie goes to the lowest id as above
         return int(ids[probs[ids].argmax()])
-    ids = np.unique(support.numpy())  # ascending; np.argmax takes the first of a tie, too
+    ids = unique_ids(support)  # ascending; np.argmax takes the first of a tie, too
     return int(ids[int(np.argmax(probs.numpy()[ids]))])
+
+
+SMALL_SUPPORT = 256  # up to this many ids, `unique_ids` sorts a Python set
+
+
+def unique_ids(support: torch.Tensor) -> np.ndarray:
+    """[n] int64 ids (CPU, any order, repeats allowed) -> their distinct values, ascending:
+    `np.unique`. A sparse draft's support holds a few ids, where `np.unique`'s many small numpy
+    calls cost more than the sort itself (tens of microseconds a call once a decode step has
+    evicted them from the caches); a Python set gives the same array with two calls."""
+    if support.shape[0] <= SMALL_SUPPORT:
+        return np.array(sorted(set(support.tolist())), dtype=np.int64)
+    return np.unique(support.numpy())
 
 
 def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

@@ -324,3 +324,25 @@ def test_wire_params_name_what_the_decoder_needs():
         "ell": 100,
         "max_support": 99,
     }
+
+
+def test_normalized_fp16_of_one_value_is_the_general_formula_and_refuses_the_same_inputs():
+    """One kept value (most greedy drafts) takes a shortcut: v / v. Every finite positive float16
+    (subnormals included) gives what the general path's float64 division gives, and the inputs
+    the general path refuses are refused with the same message."""
+    from tandem.codecs.base import normalized_fp16
+
+    bits = np.arange(1, 0x7C00, dtype=np.uint16)  # every positive finite float16
+    for half in bits.view(np.float16)[::97]:
+        wide = np.array([half], dtype=np.float16).astype(np.float64)
+        assert (
+            normalized_fp16(np.array([half])).tolist()
+            == (wide / wide.sum()).astype(np.float32).tolist()
+        )
+        # the same value beside a zero takes the general path: the same kept number
+        assert normalized_fp16(np.array([half, 0.0], dtype=np.float16))[0] == 1.0
+    for bad, message in ((0.0, "all zero"), (-0.0, "all zero"), (-1.0, "negative"),
+                         (np.inf, "non-finite"), (np.nan, "non-finite")):  # fmt: skip
+        for values in ([bad], [bad, 0.0]):
+            with pytest.raises(CodecError, match=message):
+                normalized_fp16(np.array(values, dtype=np.float16))
