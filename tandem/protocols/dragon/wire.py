@@ -22,6 +22,8 @@ real draft). Documents never travel: only counts and scores' summaries (logweigh
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -78,9 +80,11 @@ def parse_draft(msg: DraftTokens, *, side: str, codec: Codec, vocab_size: int) -
     if len(msg.tokens) != 1 or len(msg.distributions) != 1:
         raise ValueError("a DRAGON draft carries exactly one token and one distribution")
     meta = msg.arrays.get("meta")
-    if meta is None or meta.shape != (4,) or not np.isfinite(meta[[0, 2, 3]]).all():
+    if meta is None or meta.shape != (4,):
         raise ValueError("DRAGON draft without its [epoch, logweight, decode_s, context]")
     epoch, logweight, decode_s, context = meta.tolist()
+    if not all(map(math.isfinite, (epoch, decode_s, context))):  # logweight may be -inf
+        raise ValueError("DRAGON draft without its [epoch, logweight, decode_s, context]")
     token = int(msg.tokens[0])
     branch = msg.arrays.get("branch")
     branch_of = None

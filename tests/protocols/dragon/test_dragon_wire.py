@@ -86,6 +86,27 @@ def test_a_stamp_round_trips_and_a_bad_one_is_refused():
             wire.draft_stamp(dataclasses.replace(plain, arrays=arrays))
 
 
+def test_a_draft_without_finite_meta_is_refused_and_a_side_of_zero_weight_is_not():
+    import numpy as np
+
+    codec = make_codec("top-p", p=0.8)
+    draft = make_draft(law(), codec=codec, side="device", position=4, epoch=0, seed=9, greedy=True)
+    plain = roundtrip(wire.draft_message(1, draft, codec.name))
+
+    def parse(meta):
+        arrays = {**plain.arrays, "meta": np.array(meta)}
+        if meta is None:
+            arrays.pop("meta")
+        msg = dataclasses.replace(plain, arrays=arrays)
+        return wire.parse_draft(msg, side="device", codec=codec, vocab_size=300)
+
+    assert parse([0.0, -np.inf, 0.5, 12.0]).logweight == -np.inf  # no documents on that side
+    for bad in (None, [0.0, 1.0, 0.5], [np.nan, 1.0, 0.5, 12.0], [0.0, 1.0, np.inf, 12.0],
+                [0.0, 1.0, 0.5, -np.inf]):  # fmt: skip
+        with pytest.raises(ValueError, match="epoch, logweight"):
+            parse(bad)
+
+
 def test_control_messages_round_trip():
     config = DragonConfig(max_new_tokens=5, strategy="random", codec_params={"p": 0.9})
     msg = roundtrip(wire.start_message(config=config, question="why?", profile=[0.1, 2.0, 3.0]))
