@@ -9,7 +9,8 @@ Results go to `RESULTS` unless a command gets `--out`: `$TANDEM_RESULTS` when se
 `benchmarks/results/` of the source checkout this package runs from (the published results,
 so re-running a benchmark there regenerates its file in place), else
 `$XDG_DATA_HOME/tandem/results` (`~/.local/share/tandem/results`) for an installed copy.
-Never the folder the user happens to stand in.
+Never the folder the user happens to stand in. Every saved file is named on stderr
+(`report.save_json`, `report.save_png`: "saved PATH").
 """
 
 from __future__ import annotations

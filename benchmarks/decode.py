@@ -220,9 +220,9 @@ def run(
         "loadavg_end": [round(x, 2) for x in os.getloadavg()],
         "results": results,
     }
-    json_path = save_json(out, "decode", payload)
-    png_path = plot(results, out)
-    report(results, json_path, png_path)
+    save_json(out, "decode", payload)
+    plot(results, out)
+    report(results)
     return payload
 
 
@@ -252,7 +252,7 @@ def plot(results: list[dict], out: Path) -> Path:
     return save_png(fig, out, "decode")
 
 
-def report(results: list[dict], json_path: Path, png_path: Path) -> None:
+def report(results: list[dict]) -> None:
     console = Console()
     table = Table("model", "engine", "context", "prefill ms", "decode ms/token", "raw ms/token")
     for res in results:
@@ -279,7 +279,6 @@ def report(results: list[dict], json_path: Path, png_path: Path) -> None:
             ratios = [p["decode_ms"] / raw[str(p["context"])] for p in res["points"]]
             line += f", wrapper/raw decode {min(ratios):.2f}-{max(ratios):.2f}x"
         console.print(line)
-    console.print(f"saved {json_path} and {png_path}")
 
 
 if __name__ == "__main__":  # the worker: one JSON spec in, one JSON line out

@@ -364,7 +364,7 @@ def _print(console, rows, theory, methods, delays) -> None:
         table.add_column(f"+{delay:.0f} ms", justify="right")
     by = {(r["method"], r["delay_ms"]): r["per_token_s"] for r in rows}
     for method in methods:
-        cells = [f"{1e3 * by[(method, d)]:.0f}" if by.get((method, d)) else "-" for d in delays]
+        cells = [f"{1e3 * by[(method, d)]:.1f}" if by.get((method, d)) else "-" for d in delays]
         table.add_row(LABELS[method], *cells)
     console.print(table)
     if theory:

@@ -71,9 +71,9 @@ def print_timeline(console, rows: list[dict]) -> None:
     for row in rows:
         parts = {**row["critical_ms_per_token"], **row["work_ms_per_token"]}
         shares = {**row["critical_share"], **row["work_share"]}
-        cells = [f"{parts[p]:.0f} ({shares.get(p, 0):.0%})" for p in (*CRITICAL, *PHASES)]
+        cells = [f"{parts[p]:.1f} ({shares.get(p, 0):.0%})" for p in (*CRITICAL, *PHASES)]
         table.add_row(
             row["method"], f"+{row['delay_ms']:.0f}", row["side"],
-            f"{row['mean_gap_ms']:.0f}", *cells,
+            f"{row['mean_gap_ms']:.1f}", *cells,
         )  # fmt: skip
     console.print(table)

@@ -232,7 +232,7 @@ def run(
         _add_margins(records, payloads)
     records.sort(key=lambda r: r["rtt_ms"])
     result = {"benchmark": name, "sources": sources, "per_rtt": records}
-    json_path = save_json(out, name, result)
+    save_json(out, name, result)
     _plot(records, out, name)
     for r in records:
         modes = ", ".join(f"{m} {v['tokens_per_s']:.2f}" for m, v in r["modes"].items())
@@ -247,7 +247,6 @@ def run(
                 f"tokens leave ar's in {e.get('problems_differing_tokens', '?')} problem(s)"
                 + (f" (target top-2 margins {', '.join(gaps)})" if gaps else "")
             )
-    print(f"saved {json_path}")
     return result
 
 

@@ -700,10 +700,9 @@ def run(
             "context": "120K tokens, A800 GPU; speedup = decode throughput ratio to LC",
         },
     }  # fmt: skip
-    json_path = save_json(out, name, payload)
-    png_path = _plot(summary, sweep, contexts, out, name)
+    save_json(out, name, payload)
+    _plot(summary, sweep, contexts, out, name)
     _print(console, summary, sweep, prefills, model_fit)
-    console.print(f"saved {json_path} and {png_path}")
     return payload
 
 

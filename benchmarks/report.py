@@ -17,6 +17,7 @@ import os
 import platform
 import statistics
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -140,6 +141,13 @@ def save_json(
         head["machines"] = machines.to_json()
     tmp.write_text(json.dumps({**head, **payload}, indent=2) + "\n")
     os.replace(tmp, path)
+    return _saved(path)
+
+
+def _saved(path: Path) -> Path:
+    """Every benchmark says where its files went (stderr; stdout keeps the figures). In a
+    source checkout that is `benchmarks/results`, where a re-run replaces the published file."""
+    print(f"saved {path}", file=sys.stderr, flush=True)
     return path
 
 
@@ -174,4 +182,4 @@ def save_png(fig, out: Path, name: str) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-    return path
+    return _saved(path)

@@ -259,10 +259,9 @@ def _run(*, out: Path, quick: bool) -> dict:
         "scorers": scorers,
         "kv": kv,
     }
-    json_path = save_json(out, "retrieval", payload)
-    png_path = save_png(plot(payload), out, "retrieval")
+    save_json(out, "retrieval", payload)
+    save_png(plot(payload), out, "retrieval")
     print_tables(console, payload)
-    console.print(f"saved {json_path} and {png_path}")
     return payload
 
 

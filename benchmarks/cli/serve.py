@@ -54,4 +54,3 @@ def serve_load(
             f"cloud alone, {c['batch']:>3} verifications: separate {c['separate_tok_s']:8.1f} "
             f"tok/s, batched {c['batched_tok_s']:8.1f} tok/s ({c['speedup']:.2f}x)"
         )
-    typer.echo(f"wrote {out / (name + '.json')} and {out / (name + '.png')}")

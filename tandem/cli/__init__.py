@@ -64,8 +64,21 @@ def _add_plugins() -> None:
 _add_plugins()
 
 
+# rich's page width when stdout is not a terminal (a log, a pipe, CI); rich would use 80
+LOG_COLUMNS = 240
+
+
+def _log_width() -> None:
+    """Output that goes to a log is not wrapped at 80 columns: rich would shrink a benchmark's
+    wide tables (the DRAGON timeline's 18 columns) to cells of "…". Sets COLUMNS, which rich
+    reads, unless the user set it; a terminal keeps its own width."""
+    if "COLUMNS" not in os.environ and not sys.stdout.isatty():
+        os.environ["COLUMNS"] = str(LOG_COLUMNS)
+
+
 def main() -> None:
     """Console-script entry point."""
+    _log_width()
     try:
         app()
     except TandemError as exc:

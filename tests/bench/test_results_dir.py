@@ -31,3 +31,19 @@ def test_an_installed_copy_writes_to_the_user_data_folder(monkeypatch, tmp_path)
 
 def test_the_default_is_absolute():
     assert RESULTS.is_absolute()
+
+
+def test_every_saved_file_is_named_on_stderr(tmp_path, capsys):
+    """A benchmark says where its JSON and PNG went (in a checkout: over the published
+    ones), on stderr, so stdout keeps only the figures."""
+    import pytest
+
+    from benchmarks.report import new_figure, save_json, save_png
+
+    path = save_json(tmp_path, "x", {})
+    captured = capsys.readouterr()
+    assert (captured.out, captured.err) == ("", f"saved {path}\n")
+    pytest.importorskip("matplotlib")
+    fig, _ = new_figure()
+    png = save_png(fig, tmp_path, "x")
+    assert png.is_file() and capsys.readouterr().err == f"saved {png}\n"

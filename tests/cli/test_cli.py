@@ -102,3 +102,25 @@ def test_models_list_shows_a_damaged_cache_dir(tmp_path):
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert "llamacpp: DAMAGED (model.gguf: 104 bytes, expected 491400064)" in out.stdout
+
+
+def test_output_to_a_log_is_not_wrapped_at_80_columns(tmp_path):
+    """Piped output (a log, CI) gets a wide page: without it rich shrinks a wide table to
+    cells of "…" (the models table needed COLUMNS=250 above). A COLUMNS the user set wins."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    env["TANDEM_HOME"] = str(tmp_path)
+    code = "from tandem.cli import main; main()"
+
+    def listing(**extra):
+        out = subprocess.run(
+            [sys.executable, "-c", code, "models", "list"],
+            capture_output=True, text=True, timeout=300, env={**env, **extra},
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        return out.stdout.splitlines()
+
+    wide = listing()
+    assert max(map(len, wide)) > 80 and not any("…" in line for line in wide)
+    assert max(map(len, listing(COLUMNS="60"))) <= 60
