@@ -119,7 +119,7 @@ def support_argmax(probs: torch.Tensor, support: torch.Tensor | None = None) -> 
     return int(ids[int(np.argmax(probs.numpy()[ids]))])
 
 
-SMALL_SUPPORT = 256  # up to this many ids, `unique_ids` sorts a Python set
+SET_SORTED_IDS = 256  # up to this many ids, `unique_ids` sorts a Python set
 
 
 def unique_ids(support: torch.Tensor) -> np.ndarray:
@@ -127,7 +127,7 @@ def unique_ids(support: torch.Tensor) -> np.ndarray:
     `np.unique`. A sparse draft's support holds a few ids, where `np.unique`'s many small numpy
     calls cost more than the sort itself (tens of microseconds a call once a decode step has
     evicted them from the caches); a Python set gives the same array with two calls."""
-    if support.shape[0] <= SMALL_SUPPORT:
+    if support.shape[0] <= SET_SORTED_IDS:
         return np.array(sorted(set(support.tolist())), dtype=np.int64)
     return np.unique(support.numpy())
 

@@ -137,10 +137,10 @@ def test_support_argmax_reads_only_the_support_and_breaks_ties_low():
 
 
 def test_unique_ids_is_np_unique_on_both_sides_of_its_threshold():
-    from tandem.sampling.warp import SMALL_SUPPORT, support_argmax, unique_ids
+    from tandem.sampling.warp import SET_SORTED_IDS, support_argmax, unique_ids
 
     generator = torch.Generator().manual_seed(1)
-    for size in (1, 2, 5, SMALL_SUPPORT, SMALL_SUPPORT + 1, 3 * SMALL_SUPPORT):
+    for size in (1, 2, 5, SET_SORTED_IDS, SET_SORTED_IDS + 1, 3 * SET_SORTED_IDS):
         for high in (3, 1000):  # many repeats, then few
             support = torch.randint(0, high, (size,), generator=generator)
             ids = unique_ids(support)
@@ -148,5 +148,5 @@ def test_unique_ids_is_np_unique_on_both_sides_of_its_threshold():
             assert np.array_equal(ids, np.unique(support.numpy()))
     probs = torch.zeros(2000)
     probs[[1500, 7]] = 0.5  # a tie across a large support: the lowest id
-    support = torch.cat([torch.tensor([1500, 7]), torch.arange(100, 100 + SMALL_SUPPORT)])
+    support = torch.cat([torch.tensor([1500, 7]), torch.arange(100, 100 + SET_SORTED_IDS)])
     assert support_argmax(probs, support) == 7 == support_argmax(probs)
