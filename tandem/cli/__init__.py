@@ -64,15 +64,16 @@ def _add_plugins() -> None:
 _add_plugins()
 
 
-# rich's page width when stdout is not a terminal (a log, a pipe, CI); rich would use 80
+# rich's page width when no terminal is attached (a log, CI); rich would use 80
 LOG_COLUMNS = 240
 
 
 def _log_width() -> None:
     """Output that goes to a log is not wrapped at 80 columns: rich would shrink a benchmark's
     wide tables (the DRAGON timeline's 18 columns) to cells of "…". Sets COLUMNS, which rich
-    reads, unless the user set it; a terminal keeps its own width."""
-    if "COLUMNS" not in os.environ and not sys.stdout.isatty():
+    reads, unless the user set it, and only when neither stdout nor stderr is a terminal: a
+    progress bar on a terminal's stderr must keep the terminal's width."""
+    if "COLUMNS" not in os.environ and not (sys.stdout.isatty() or sys.stderr.isatty()):
         os.environ["COLUMNS"] = str(LOG_COLUMNS)
 
 
