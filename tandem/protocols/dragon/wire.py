@@ -80,11 +80,10 @@ def parse_draft(msg: DraftTokens, *, side: str, codec: Codec, vocab_size: int) -
     if len(msg.tokens) != 1 or len(msg.distributions) != 1:
         raise ValueError("a DRAGON draft carries exactly one token and one distribution")
     meta = msg.arrays.get("meta")
-    if meta is None or meta.shape != (4,):
+    meta = meta.tolist() if meta is not None and meta.shape == (4,) else None
+    if meta is None or not all(map(math.isfinite, meta[:1] + meta[2:])):  # logweight: -inf ok
         raise ValueError("DRAGON draft without its [epoch, logweight, decode_s, context]")
-    epoch, logweight, decode_s, context = meta.tolist()
-    if not all(map(math.isfinite, (epoch, decode_s, context))):  # logweight may be -inf
-        raise ValueError("DRAGON draft without its [epoch, logweight, decode_s, context]")
+    epoch, logweight, decode_s, context = meta
     token = int(msg.tokens[0])
     branch = msg.arrays.get("branch")
     branch_of = None
