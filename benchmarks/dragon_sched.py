@@ -288,7 +288,7 @@ class Simulation:
             worker.pending += 1
             draft = Draft(
                 side=name, position=position, epoch=epoch,
-                token=self.rule.token(name, position), sent_probs=None,
+                token=self.rule.token(name, position), dense=None,
                 logweight=0.0, payload=b"", decode_s=seconds,
                 context=self.config.prompt_context + position, created=self.now,
             )  # fmt: skip

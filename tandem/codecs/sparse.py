@@ -5,6 +5,10 @@ Words used here:
 - `TopKCodec` ("top-k"): the k most probable tokens with non-zero probability.
 - `TopPCodec` ("top-p", DRAGON section 7.1, p = 0.8): the smallest set of most probable
   tokens whose mass is >= p.
+- *kept form*: a sparse law as its kept ids and their sent values ([K] int64, [K] float32),
+  without the [vocab] array (`encode_kept_sent`, `decode_kept`): what greedy consumers read.
+- *softmax single*: a top-p set that a float32 softmax row proves to be its argmax alone
+  without summing the row (`softmax_single_id`): most greedy drafts of a peaked law.
 
 Wire format (both): with w = ceil(log2 V) bits,
     [K - 1 : w bits][id_1 : w bits] ... [id_K : w bits][zero pad to a byte]
@@ -17,6 +21,8 @@ Error bound: TV(probs, sent) <= dropped + fp16 bound of the kept values (`fp16_t
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import torch
@@ -90,6 +96,27 @@ def top_p_ids(probs: np.ndarray, top_p: float, *, total: float = 1.0) -> np.ndar
     return ids[probs[ids] > 0]
 
 
+def softmax_sum_bound(vocab_size: int) -> float:
+    """How far from 1 the float64 total of a float32 softmax row of `vocab_size` entries can
+    be. The softmax divides each exponential by their float32 sum S', which any summation
+    order of n positive terms gets within gamma = n u / (1 - n u) of their exact sum S (u =
+    2^-24, n = vocab_size); the total is S / S' up to a few u of per-entry rounding, and
+    |S / S' - 1| <= gamma / (1 - gamma) = n u / (1 - 2 n u). 0.0092 for Qwen's 151,936."""
+    nu = vocab_size * 2.0**-24
+    return nu / (1 - 2 * nu) + 8 * 2.0**-24 if nu < 0.25 else math.inf
+
+
+def softmax_single_id(probs: np.ndarray, top_p: float) -> int | None:
+    """The id `top_p_ids(probs, top_p, total=probs.sum())` keeps alone, when the row proves it
+    without the total: `probs` ([vocab] float32) must be one float32 softmax row, so its total
+    is within `softmax_sum_bound` of 1, and the argmax (the one `top_p_ids` takes) holds at
+    least top_p (1 + bound) of it. None otherwise (then the caller computes the total: also
+    for NaN, which a softmax of non-finite logits gives and the general path refuses)."""
+    best = int(np.argmax(probs))  # NaN is the largest for numpy: fails the test below
+    bound = softmax_sum_bound(probs.shape[0])
+    return best if float(probs[best]) >= top_p * (1 + bound) * (1 + 1e-12) else None
+
+
 def index_width(vocab_size: int) -> int:
     return ceil_log2(vocab_size)
 
@@ -128,6 +155,20 @@ def decode_sparse(data: bytes, vocab_size: int) -> torch.Tensor:
 
 def decode_sparse_support(data: bytes, vocab_size: int) -> tuple[torch.Tensor, np.ndarray]:
     """([vocab] float32 probs, [K] int64 kept ids) from a sparse payload."""
+    ids, values = decode_kept(data, vocab_size)
+    return torch.from_numpy(sent_array(vocab_size, ids, values)), ids
+
+
+def sent_array(vocab_size: int, ids: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """[vocab] float32: `values` at `ids` (a kept form), 0 elsewhere."""
+    sent = np.zeros(vocab_size, dtype=np.float32)
+    sent[ids] = values
+    return sent
+
+
+def decode_kept(data: bytes, vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """([K] int64 kept ids, [K] float32 sent values) of a sparse payload, in payload order;
+    CodecError if it is malformed."""
     check_vocab_size(vocab_size)
     width = index_width(vocab_size)
     data = bytes(data)
@@ -155,9 +196,7 @@ def decode_sparse_support(data: bytes, vocab_size: int) -> tuple[torch.Tensor, n
         listed = ids.tolist()
     if max(listed) >= vocab_size or len(set(listed)) != num_kept:
         raise CodecError("sparse payload has out-of-range or repeated token ids")
-    sent = np.zeros(vocab_size, dtype=np.float32)
-    sent[ids] = normalized_fp16(np.frombuffer(data, dtype="<f2", offset=id_bytes))
-    return torch.from_numpy(sent), ids
+    return ids, normalized_fp16(np.frombuffer(data, dtype="<f2", offset=id_bytes))
 
 
 class SparseCodec(CodecBase):
@@ -178,14 +217,29 @@ class SparseCodec(CodecBase):
         """One validation and one sort for all three (DRAGON drafts every token with this);
         the support is the kept ids. Only the kept entries are normalized (the same numbers
         as `as_numpy_probs` gives them)."""
+        payload, ids, values = self.encode_kept_sent(probs)
+        vocab_size = probs.shape[-1]
+        return Sent(payload, torch.from_numpy(sent_array(vocab_size, ids, values)), ids)
+
+    def encode_kept_sent(self, probs: torch.Tensor) -> tuple[bytes, np.ndarray, np.ndarray]:
+        """`encode_sent` in the kept form: (payload, [K] kept ids, [K] float32 sent values),
+        the numbers `encode_sent` puts at those ids, without its [vocab] array."""
         values, total = checked_mass(probs)
         ids = self.kept_ids(values, total=total)
         kept = values[ids] / total
-        sent = self._sent_at(values.shape[0], ids, kept)
-        return Sent(encode_kept(values.shape[0], ids, kept), torch.from_numpy(sent), ids)
+        return encode_kept(values.shape[0], ids, kept), ids, normalized_fp16(to_fp16(kept))
 
     def decode_sent(self, data: bytes, vocab_size: int) -> tuple[torch.Tensor, np.ndarray]:
         return decode_sparse_support(data, vocab_size)
+
+    def decode_kept(self, data: bytes, vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
+        """`decode_sent` in the kept form: ([K] ids, [K] float32 sent values)."""
+        return decode_kept(data, vocab_size)
+
+    def softmax_kept(self, probs: torch.Tensor) -> tuple[bytes, np.ndarray, np.ndarray] | None:
+        """`encode_kept_sent(probs)` for a float32 softmax row where the row decides it
+        without its total, else None (here: never; `TopPCodec` decides most greedy drafts)."""
+        return None
 
     def bits(self, probs: torch.Tensor) -> int:
         values = as_numpy_probs(probs)
@@ -193,14 +247,7 @@ class SparseCodec(CodecBase):
 
     def _sent_row(self, probs: np.ndarray) -> np.ndarray:
         ids = self.kept_ids(probs)
-        return self._sent_at(probs.shape[0], ids, probs[ids])
-
-    @staticmethod
-    def _sent_at(vocab_size: int, ids: np.ndarray, kept: np.ndarray) -> np.ndarray:
-        """[vocab] float32 sent probs: the kept probabilities `kept` at `ids`, as decoded."""
-        sent = np.zeros(vocab_size, dtype=np.float32)
-        sent[ids] = normalized_fp16(to_fp16(kept))
-        return sent
+        return sent_array(probs.shape[0], ids, normalized_fp16(to_fp16(probs[ids])))
 
     def tv_bound(self, probs: torch.Tensor) -> float:
         """Upper bound on TV(probs, transmitted_probs(probs)) for this [vocab] input."""
@@ -231,3 +278,14 @@ class TopPCodec(SparseCodec):
 
     def kept_ids(self, probs: np.ndarray, *, total: float = 1.0) -> np.ndarray:
         return top_p_ids(probs, self.p, total=total)
+
+    def softmax_kept(self, probs: torch.Tensor) -> tuple[bytes, np.ndarray, np.ndarray] | None:
+        """`encode_kept_sent(probs)` for a float32 softmax row ([vocab]) whose argmax alone
+        reaches p whatever its total (`softmax_single_id`), else None: the same kept id and
+        sent value (one id, value 1) without the pass that sums and checks the vocabulary.
+        The payload's one value field holds 1: a single value always decodes to exactly 1."""
+        best = softmax_single_id(probs.numpy(), self.p)
+        if best is None:
+            return None
+        ids, values = np.array([best], dtype=np.int64), np.ones(1, dtype=np.float32)
+        return encode_kept(probs.shape[0], ids, values), ids, values

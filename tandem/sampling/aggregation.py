@@ -108,6 +108,25 @@ def greedy_aggregate(
     return int(ids[int(np.argmax(target))])
 
 
+def greedy_aggregate_kept(
+    local: tuple[np.ndarray, np.ndarray],  # ([n] int64 distinct ids, [n] float32 values)
+    remote: tuple[np.ndarray, np.ndarray],
+    local_logweight: float,
+    remote_logweight: float,
+) -> int:
+    """`greedy_aggregate` of two laws in the kept form (each its values at its ids, 0
+    elsewhere), without [vocab] arrays: the same float32 products and sum per id of the union
+    (an id one law lacks contributes 0 x its weight, as the dense form's 0 entry does), so the
+    same token; ties: the lowest id."""
+    eta_l, eta_r = _float32_weights(float(local_logweight), float(remote_logweight))
+    held_l = dict(zip(local[0].tolist(), local[1].tolist(), strict=True))  # float32 -> float: exact
+    held_r = dict(zip(remote[0].tolist(), remote[1].tolist(), strict=True))
+    ids = sorted(held_l.keys() | held_r.keys())  # ascending: np.argmax takes the first of a tie
+    values_l = np.array([held_l.get(i, 0.0) for i in ids], dtype=np.float32)
+    values_r = np.array([held_r.get(i, 0.0) for i in ids], dtype=np.float32)
+    return ids[int(np.argmax(eta_l * values_l + eta_r * values_r))]
+
+
 @functools.lru_cache(maxsize=256)
 def _float32_weights(local_logweight: float, remote_logweight: float) -> tuple[np.float32, ...]:
     """`side_weights` as `mixture` applies them to float32 laws (a side's logweight rarely

@@ -119,6 +119,15 @@ def support_argmax(probs: torch.Tensor, support: torch.Tensor | None = None) -> 
     return int(ids[int(np.argmax(probs.numpy()[ids]))])
 
 
+def kept_argmax(ids: np.ndarray, values: np.ndarray) -> int:
+    """`support_argmax` of the law that is `values` ([n] > 0 somewhere) at the distinct `ids`
+    ([n] int64, any order) and 0 elsewhere: the id of the largest value, ties: the lowest."""
+    if ids.shape[0] == 1:
+        return int(ids[0])
+    top = values.max()
+    return int(ids[values == top].min())
+
+
 SET_SORTED_IDS = 256  # up to this many ids, `unique_ids` sorts a Python set
 
 

@@ -18,6 +18,7 @@ from tandem.codecs import (
     TopKCodec,
     TopPCodec,
     make_codec,
+    sparse,
     tv_distance,
 )
 from tandem.errors import TandemError
@@ -346,3 +347,66 @@ def test_normalized_fp16_of_one_value_is_the_general_formula_and_refuses_the_sam
         for values in ([bad], [bad, 0.0]):
             with pytest.raises(CodecError, match=message):
                 normalized_fp16(np.array(values, dtype=np.float16))
+
+
+def _certain_cases(vocab: int, rows: int, seed: int) -> list[torch.Tensor]:
+    """float32 logit rows from flat to very peaked (scaled normals, a boosted top)."""
+    generator = torch.Generator().manual_seed(seed)
+    cases = []
+    for i in range(rows):
+        logits = torch.randn(vocab, generator=generator) * (0.5 + 4 * (i % 5))
+        logits[int(torch.randint(0, vocab, (1,), generator=generator))] += 2.0 * (i % 7)
+        cases.append(logits.float())
+    return cases
+
+
+@pytest.mark.parametrize("vocab", [2, 7, 1000, QWEN_VOCAB])
+def test_softmax_single_id_is_what_top_p_keeps_whenever_it_answers(vocab):
+    """On float32 softmax rows, and on the same rows scaled anywhere within the sum bound (the
+    only thing the shortcut assumes of a softmax), an id it returns is the one id top-p keeps
+    with the row's float64 total (the general path); and it answers on peaked rows."""
+    codec = sparse.TopPCodec(p=0.8)
+    bound = sparse.softmax_sum_bound(vocab)
+    answered = 0
+    for logits in _certain_cases(vocab, 120, seed=vocab):
+        probs = torch.softmax(logits, dim=-1)
+        assert abs(float(probs.double().sum()) - 1) <= bound  # what the bound claims
+        for scale in (1.0, 1 - 0.999 * bound, 1 + 0.999 * bound):
+            row = (probs.double() * scale).float()
+            best = sparse.softmax_single_id(row.numpy(), 0.8)
+            if best is not None:
+                answered += 1
+                _, ids, values = codec.encode_kept_sent(row)
+                assert ids.tolist() == [best] and values.tolist() == [1.0]
+                payload, single_ids, single_values = codec.softmax_kept(row)
+                assert single_ids.tolist() == [best] and single_values.tolist() == [1.0]
+                assert torch.equal(codec.decode(payload, vocab), codec.transmitted_probs(row))
+    assert answered >= 10
+
+
+def test_softmax_single_id_refuses_what_it_cannot_prove():
+    bound = sparse.softmax_sum_bound(QWEN_VOCAB)
+    assert 0.009 < bound < 0.0095
+    assert sparse.softmax_sum_bound(1 << 24) == math.inf  # never for such a vocabulary
+    row = np.zeros(QWEN_VOCAB, dtype=np.float32)
+    row[[3, 9]] = 0.8 * (1 + bound) * 1.0001, 0.1
+    assert sparse.softmax_single_id(row, 0.8) == 3
+    row[3] = 0.8 * (1 + bound) * 0.9999  # inside the margin: the general path decides
+    assert sparse.softmax_single_id(row, 0.8) is None
+    row[5] = math.nan
+    assert sparse.softmax_single_id(row, 0.8) is None
+
+
+def test_kept_form_is_the_sent_probs_at_the_kept_ids():
+    """`encode_kept_sent` / `decode_kept` hold the numbers `encode_sent` / `decode_sent` put in
+    their [vocab] arrays, at the kept ids, with the same payload."""
+    for name in ("top-p", "top-k"):
+        codec = make_codec(name)
+        for logits in _certain_cases(500, 40, seed=7):
+            probs = torch.softmax(logits, dim=-1)
+            sent = codec.encode_sent(probs)
+            payload, ids, values = codec.encode_kept_sent(probs)
+            assert payload == sent.payload and ids.tolist() == sent.support.tolist()
+            assert torch.equal(torch.from_numpy(sparse.sent_array(500, ids, values)), sent.probs)
+            got_ids, got_values = codec.decode_kept(payload, 500)
+            assert got_ids.tolist() == ids.tolist() and got_values.tolist() == values.tolist()

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -144,3 +145,32 @@ def test_greedy_aggregate_breaks_a_tie_to_the_lowest_id_in_any_support_order():
     remote = sparse_law(10, [7, 2], [1.0, 1.0])
     for support in ([7, 2, 7, 2], [2, 7], [7, 2]):
         assert aggregation.greedy_aggregate(local, remote, 0.0, 0.0, torch.tensor(support)) == 2
+
+
+def test_greedy_aggregate_kept_equals_the_dense_argmax():
+    """Two laws in the kept form (ids and values, as a sparse codec's receiver holds them):
+    the same token as the dense mixture's argmax, ties across and within sides included."""
+    generator = torch.Generator().manual_seed(1)
+    vocab = 1000
+    for trial in range(300):
+        kept, dense = [], []
+        for _ in range(2):
+            count = int(torch.randint(1, 6, (1,), generator=generator))
+            ids = torch.randperm(vocab, generator=generator)[:count]
+            if trial % 4 == 0:  # overlapping supports
+                ids[0] = 5
+            values = torch.randint(1, 4, (count,), generator=generator).float()
+            values = values / values.sum()
+            dense.append(sparse_law(vocab, ids.tolist(), values.tolist()))
+            kept.append((ids.numpy(), dense[-1][ids].numpy()))
+        lw = [0.0, float(torch.randn(1, generator=generator))] if trial % 3 else [0.0, 0.0]
+        want = int(aggregation.mixture(dense[0], dense[1], *lw).argmax())
+        assert aggregation.greedy_aggregate_kept(kept[0], kept[1], *lw) == want
+
+
+def test_greedy_aggregate_kept_breaks_a_tie_to_the_lowest_id():
+    one = (np.array([7, 2]), np.array([0.5, 0.5], dtype=np.float32))
+    assert aggregation.greedy_aggregate_kept(one, one, 0.0, 0.0) == 2
+    device, cloud = (np.array([9]), np.ones(1, np.float32)), (np.array([4]), np.ones(1, np.float32))
+    assert aggregation.greedy_aggregate_kept(device, cloud, 0.0, 0.0) == 4  # equal weights
+    assert aggregation.greedy_aggregate_kept(device, cloud, 1.0, 0.0) == 9  # the heavier side

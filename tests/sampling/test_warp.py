@@ -150,3 +150,16 @@ def test_unique_ids_is_np_unique_on_both_sides_of_its_threshold():
     probs[[1500, 7]] = 0.5  # a tie across a large support: the lowest id
     support = torch.cat([torch.tensor([1500, 7]), torch.arange(100, 100 + SET_SORTED_IDS)])
     assert support_argmax(probs, support) == 7 == support_argmax(probs)
+
+
+def test_kept_argmax_is_support_argmax_of_the_dense_law():
+    from tandem.sampling.warp import kept_argmax, support_argmax
+
+    generator = torch.Generator().manual_seed(2)
+    for _ in range(300):
+        count = int(torch.randint(1, 7, (1,), generator=generator))
+        ids = torch.randperm(60, generator=generator)[:count]
+        values = torch.randint(1, 4, (count,), generator=generator).float()  # ties, often
+        dense = torch.zeros(60)
+        dense[ids] = values
+        assert kept_argmax(ids.numpy(), values.numpy()) == support_argmax(dense)

@@ -19,7 +19,12 @@ import torch
 
 from tandem.protocols.dragon.config import CLOUD, DEVICE
 from tandem.protocols.dragon.queues import Draft
-from tandem.sampling.aggregation import acceptance_rates, greedy_aggregate, speculative_aggregate
+from tandem.sampling.aggregation import (
+    acceptance_rates,
+    greedy_aggregate,
+    greedy_aggregate_kept,
+    speculative_aggregate,
+)
 from tandem.sampling.seeds import position_generator
 
 
@@ -34,6 +39,16 @@ def aggregate_step(device: Draft, cloud: Draft, *, seed: int, greedy: bool) -> O
     """Algorithm 1 on the two drafts of one position."""
     assert device.side == DEVICE and cloud.side == CLOUD, (device.side, cloud.side)
     assert device.position == cloud.position, (device.position, cloud.position)
+    if greedy and device.values is not None and cloud.values is not None:
+        # both in the kept form: the argmax on the union of the kept ids, no [vocab] array
+        token = greedy_aggregate_kept(
+            (device.support.numpy(), device.values),
+            (cloud.support.numpy(), cloud.values),
+            device.logweight,
+            cloud.logweight,
+        )
+        accepted = {DEVICE: device.token == token, CLOUD: cloud.token == token}
+        return Outcome(position=device.position, token=token, accepted=accepted)
     if greedy and device.support is not None and cloud.support is not None:
         # the argmax on the union of the two sparse supports: the same token, no vocab pass
         token = greedy_aggregate(

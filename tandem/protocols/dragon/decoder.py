@@ -38,6 +38,9 @@ class SideLaw:
     probs: torch.Tensor  # [vocab] float32: the locally aggregated law (before any codec)
     logweight: float  # h = logsumexp of the relevance logits
     doc_weights: np.ndarray  # [docs] softmax of the relevance logits
+    # probs is one float32 softmax row (one row per side, or one document): it sums to 1 up to
+    # its float32 rounding, which a sparse codec may use (`TopPCodec.softmax_kept`)
+    softmax: bool = False
 
 
 class RelevanceSchedule:
@@ -137,12 +140,11 @@ def side_law(
 ) -> SideLaw:
     """The side's locally aggregated law from its per-document next-token logits."""
     assert logits.dim() == 2 and scores.shape == (logits.shape[0],), (logits.shape, scores.shape)
-    doc_probs = _row_probs(logits, temperature)  # [docs, vocab]
     logweight, doc_weights = _relevance_terms(_score_key(scores))
     if len(scores) == 1:  # one row: its weight softmax([r]) is exactly 1, the mixture is the row
-        probs = doc_probs[0]
-    else:
-        probs = document_mixture(doc_probs, torch.from_numpy(np.asarray(scores, dtype=np.float32)))
+        return _one_row_law(logits, temperature, logweight, doc_weights)
+    doc_probs = _row_probs(logits, temperature)  # [docs, vocab]
+    probs = document_mixture(doc_probs, torch.from_numpy(np.asarray(scores, dtype=np.float32)))
     return SideLaw(probs=probs, logweight=logweight, doc_weights=doc_weights.copy())
 
 
@@ -156,11 +158,16 @@ def joined_side_law(
     aggregation across sides weighs the sides exactly as the per-document form does."""
     assert logits.dim() == 2 and logits.shape[0] == 1, logits.shape
     logweight, doc_weights = _joined_terms(_score_key(scores))
-    return SideLaw(
-        probs=_row_probs(logits, temperature)[0],
-        logweight=logweight,
-        doc_weights=doc_weights.copy(),
-    )
+    return _one_row_law(logits, temperature, logweight, doc_weights)
+
+
+def _one_row_law(
+    logits: torch.Tensor, temperature: float, logweight: float, doc_weights: np.ndarray
+) -> SideLaw:
+    """The law of the one row of `logits` ([1, vocab]): its softmax."""
+    probs = _row_probs(logits, temperature)[0]
+    softmax = probs.dtype == torch.float32 and probs.device.type == "cpu"
+    return SideLaw(probs, logweight, doc_weights.copy(), softmax=softmax)
 
 
 def _row_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:

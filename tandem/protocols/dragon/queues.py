@@ -23,13 +23,15 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from tandem.codecs import Codec
 from tandem.codecs import draft as codec_draft
+from tandem.codecs.sparse import SparseCodec, sent_array
 from tandem.protocols.dragon.decoder import SideLaw
 from tandem.sampling.seeds import position_generator
-from tandem.sampling.warp import support_argmax
+from tandem.sampling.warp import kept_argmax, support_argmax
 
 
 @dataclass(frozen=True)
@@ -38,16 +40,31 @@ class Draft:
     position: int
     epoch: int
     token: int
-    sent_probs: torch.Tensor  # [vocab] float32, what both sides hold for this draft
+    # [vocab] float32, what both sides hold for this draft; None for a draft in the kept form
+    # (`values` at `support`), whose [vocab] array `sent_probs` builds when first read
+    dense: torch.Tensor | None
     logweight: float
     payload: bytes  # the codec's encoding of the law
     decode_s: float = 0.0  # time to produce this draft (decode + law + codec)
     context: int = 0  # the side's context length when it decoded for this draft
     created: float = field(default_factory=time.perf_counter)
     branch_of: tuple[int, int] | None = None  # (t, x): a branch draft (module docstring)
-    # [n] int64 ids outside which sent_probs is 0, when the codec keeps them (sparse codecs):
-    # greedy aggregation then reads those ids only (`sampling.aggregation.greedy_aggregate`)
+    # [n] int64 ids outside which the sent probs are 0, when the codec keeps them (sparse
+    # codecs): greedy aggregation then reads those ids only (`aggregation.greedy_aggregate`)
     support: torch.Tensor | None = None
+    # [n] float32 sent probs at `support` (the kept form), or None; `vocab_size` with them
+    values: np.ndarray | None = None
+    vocab_size: int = 0
+
+    @property
+    def sent_probs(self) -> torch.Tensor:
+        """[vocab] float32 sent probs (from the kept form, the first time it is read; None
+        for a draft without a law: the scheduling simulator's)."""
+        if self.dense is None and self.values is not None:
+            ids = self.support.numpy()
+            dense = torch.from_numpy(sent_array(self.vocab_size, ids, self.values))
+            object.__setattr__(self, "dense", dense)  # a cache: the same numbers every time
+        return self.dense
 
 
 def make_draft(
@@ -67,27 +84,41 @@ def make_draft(
     Greedy drafts are the argmax of the sent probs; sampled drafts use the position seed of
     (seed, side, position), so a redraft after a rollback is as fresh as the first one.
     """
-    support = None
+    common = dict(side=side, position=position, epoch=epoch, logweight=law.logweight)
+    common.update(decode_s=decode_s, context=context)
     if greedy:
-        payload, sent_probs, kept = codec.encode_sent(law.probs)
-        support = None if kept is None else torch.from_numpy(kept)
+        kept = _kept_form(law, codec)
+        if kept is not None:  # a sparse codec: the kept form, no [vocab] array
+            payload, ids, values = kept
+            return Draft(
+                token=kept_argmax(ids, values),
+                dense=None,
+                payload=payload,
+                support=torch.from_numpy(ids),
+                values=values,
+                vocab_size=law.probs.shape[-1],
+                **common,
+            )
+        payload, sent_probs, kept_ids = codec.encode_sent(law.probs)
+        support = None if kept_ids is None else torch.from_numpy(kept_ids)
         token = support_argmax(sent_probs, support)
         codec.observe(law.probs)
-    else:
-        out = codec_draft(codec, law.probs, position_generator(seed, side, position))
-        payload, sent_probs, token = out.payload, out.sent_probs, out.token
-    return Draft(
-        side=side,
-        position=position,
-        epoch=epoch,
-        token=token,
-        sent_probs=sent_probs,
-        logweight=law.logweight,
-        payload=payload,
-        decode_s=decode_s,
-        context=context,
-        support=support,
-    )
+        return Draft(token=token, dense=sent_probs, payload=payload, support=support, **common)
+    out = codec_draft(codec, law.probs, position_generator(seed, side, position))
+    return Draft(token=out.token, dense=out.sent_probs, payload=out.payload, **common)
+
+
+def _kept_form(law: SideLaw, codec: Codec) -> tuple[bytes, np.ndarray, np.ndarray] | None:
+    """A sparse codec's (payload, kept ids, sent values) of `law` (a softmax row's without
+    its total where it decides them: `SparseCodec.softmax_kept`); None for other codecs.
+    Sparse codecs are stateless (`observe` does nothing), so nothing else is owed to them."""
+    if not isinstance(codec, SparseCodec):
+        return None
+    if law.softmax:
+        single = codec.softmax_kept(law.probs)
+        if single is not None:
+            return single
+    return codec.encode_kept_sent(law.probs)
 
 
 class DraftQueue:

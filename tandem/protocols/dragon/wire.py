@@ -93,22 +93,25 @@ def parse_draft(msg: DraftTokens, *, side: str, codec: Codec, vocab_size: int) -
         branch_of = (int(branch[0]), int(branch[1]))
         if branch_of[0] + 1 != int(msg.position) or not 0 <= branch_of[1] < vocab_size:
             raise ValueError(f"DRAGON branch {branch_of} does not precede position {msg.position}")
+    common = dict(side=side, position=int(msg.position), epoch=int(epoch), token=token)
+    common.update(logweight=float(logweight), payload=msg.distributions[0])
+    common.update(decode_s=float(decode_s), context=int(context), branch_of=branch_of)
+    decode_kept = getattr(codec, "decode_kept", None)  # sparse codecs: no [vocab] array
+    if decode_kept is not None:
+        ids, values = decode_kept(msg.distributions[0], vocab_size)
+        held = values[ids == token]
+        if not 0 <= token < vocab_size or not (held.shape[0] and held[0] > 0):
+            raise ValueError(_NOT_HELD.format(token=token))
+        kept = torch.from_numpy(ids)
+        return Draft(dense=None, support=kept, values=values, vocab_size=vocab_size, **common)
     sent_probs, kept = codec.decode_sent(msg.distributions[0], vocab_size)
     if not 0 <= token < vocab_size or not sent_probs[token] > 0:
-        raise ValueError(f"draft token {token} is not in the support of its sent distribution")
-    return Draft(
-        side=side,
-        position=int(msg.position),
-        epoch=int(epoch),
-        token=token,
-        sent_probs=sent_probs,
-        logweight=float(logweight),
-        payload=msg.distributions[0],
-        decode_s=float(decode_s),
-        context=int(context),
-        branch_of=branch_of,
-        support=None if kept is None else torch.from_numpy(kept),
-    )
+        raise ValueError(_NOT_HELD.format(token=token))
+    support = None if kept is None else torch.from_numpy(kept)
+    return Draft(dense=sent_probs, support=support, **common)
+
+
+_NOT_HELD = "draft token {token} is not in the support of its sent distribution"
 
 
 def draft_stamp(msg: DraftTokens) -> tuple[int, int] | None:

@@ -10,7 +10,7 @@ import torch
 
 from tandem.models.base import Cancelled
 from tandem.protocols.dragon import DragonConfig
-from tandem.protocols.dragon.decoder import RelevanceSchedule, side_law
+from tandem.protocols.dragon.decoder import RelevanceSchedule, joined_side_law, side_law
 from tandem.protocols.dragon.knowledge import build_decoder
 
 from .conftest import QUESTION
@@ -174,3 +174,15 @@ def test_one_row_side_law_is_the_mixture_bit_for_bit(temperature):
     scale = temperature if temperature > 0 else 1.0
     general = document_mixture(torch.softmax(logits / scale, -1), torch.tensor([0.37]))
     assert torch.equal(law.probs, general)
+
+
+def test_one_row_laws_say_they_are_a_float32_softmax():
+    """A one-row law (one row per side, or one document) is marked a softmax row, which lets a
+    sparse codec skip summing it; a mixture of documents is not marked."""
+    logits = torch.randn(2, 3000, generator=torch.Generator().manual_seed(4)) * 3
+    for temperature in (0.0, 0.7):
+        one = side_law(logits[:1], np.array([0.2], dtype=np.float32), temperature)
+        joined = joined_side_law(logits[:1], np.array([0.2, -1.0], dtype=np.float32), temperature)
+        assert one.softmax and joined.softmax
+    mixed = side_law(logits, np.array([0.2, -1.0], dtype=np.float32), temperature=0.0)
+    assert not mixed.softmax

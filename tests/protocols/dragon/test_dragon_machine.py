@@ -39,7 +39,7 @@ def draft(
     side: str, position: int, token: int, epoch: int = 0, seconds: float = 0.1, branch_of=None
 ) -> Draft:
     return Draft(
-        side=side, position=position, epoch=epoch, token=token, sent_probs=torch.zeros(4),
+        side=side, position=position, epoch=epoch, token=token, dense=torch.zeros(4),
         logweight=0.0, payload=b"x", decode_s=seconds, context=10 + position, branch_of=branch_of,
     )  # fmt: skip
 

@@ -145,3 +145,48 @@ def test_draft_queue_resolution():
         queue.push(drafts[0])
     assert queue.front_at(1) is drafts[1] and len(queue) == 2  # position 0 was stale
     assert queue.front_at(5) is None and len(queue) == 0
+
+
+def softmax_law(vocab: int, seed: int, scale: float) -> SideLaw:
+    logits = scale * torch.randn(vocab, generator=torch.Generator().manual_seed(seed))
+    return SideLaw(torch.softmax(logits, 0), 0.5, None, softmax=True)
+
+
+@pytest.mark.parametrize("name", ["top-p", "top-k"])
+def test_a_greedy_sparse_draft_is_in_the_kept_form_with_the_dense_path_numbers(name):
+    """A sparse codec's greedy draft holds its kept ids and values, no [vocab] array; token,
+    support and sent probs are those of the dense path (encode_sent, then the argmax), whether
+    the row decided it without its total (a peaked softmax row) or not; the peer parses the
+    same form."""
+    from tandem.sampling.warp import support_argmax
+
+    codec = make_codec(name)
+    decided = 0
+    for seed in range(40):
+        law = softmax_law(2000, seed, scale=1.0 + seed % 8)
+        decided += codec.softmax_kept(law.probs) is not None
+        draft = make_draft(
+            law, codec=codec, side="device", position=0, epoch=0, seed=0, greedy=True
+        )
+        assert draft.dense is None and draft.values is not None
+        sent = codec.encode_sent(law.probs)
+        assert draft.token == support_argmax(sent.probs, torch.from_numpy(sent.support))
+        assert sorted(draft.support.tolist()) == sorted(sent.support.tolist())
+        assert torch.equal(draft.sent_probs, sent.probs)  # built from the kept form
+        received = wire.parse_draft(
+            roundtrip(wire.draft_message(0, draft, codec.name)),
+            side="device",
+            codec=codec,
+            vocab_size=2000,
+        )
+        assert received.dense is None and torch.equal(received.sent_probs, sent.probs)
+    assert decided > 0 if name == "top-p" else decided == 0
+
+
+def test_a_parsed_kept_draft_whose_token_it_does_not_hold_is_refused():
+    codec = make_codec("top-p", p=0.8)
+    draft = make_draft(law(), codec=codec, side="device", position=1, epoch=0, seed=9, greedy=True)
+    outside = next(t for t in range(300) if t not in draft.support.tolist())
+    msg = wire.draft_message(0, dataclasses.replace(draft, token=outside), codec.name)
+    with pytest.raises(ValueError, match="not in the support"):
+        wire.parse_draft(roundtrip(msg), side="device", codec=codec, vocab_size=300)
