@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from tandem.codecs import Codec
+from tandem.codecs.sparse import SparseCodec
 from tandem.protocols.dragon.config import DragonConfig
 from tandem.protocols.dragon.queues import Draft
 from tandem.transport import DraftTokens, Error, Start, SwitchAggregator, TargetToken, control
@@ -96,9 +97,8 @@ def parse_draft(msg: DraftTokens, *, side: str, codec: Codec, vocab_size: int) -
     common = dict(side=side, position=int(msg.position), epoch=int(epoch), token=token)
     common.update(logweight=float(logweight), payload=msg.distributions[0])
     common.update(decode_s=float(decode_s), context=int(context), branch_of=branch_of)
-    decode_kept = getattr(codec, "decode_kept", None)  # sparse codecs: no [vocab] array
-    if decode_kept is not None:
-        ids, values = decode_kept(msg.distributions[0], vocab_size)
+    if isinstance(codec, SparseCodec):  # the kept form: no [vocab] array
+        ids, values = codec.decode_kept(msg.distributions[0], vocab_size)
         held = values[ids == token]
         if not 0 <= token < vocab_size or not (held.shape[0] and held[0] > 0):
             raise ValueError(_NOT_HELD.format(token=token))
