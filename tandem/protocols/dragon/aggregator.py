@@ -15,13 +15,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from tandem.protocols.dragon.config import CLOUD, DEVICE
 from tandem.protocols.dragon.queues import Draft
 from tandem.sampling.aggregation import (
     acceptance_rates,
-    greedy_aggregate,
     greedy_aggregate_kept,
     speculative_aggregate,
 )
@@ -46,17 +43,6 @@ def aggregate_step(device: Draft, cloud: Draft, *, seed: int, greedy: bool) -> O
             (cloud.support.numpy(), cloud.values),
             device.logweight,
             cloud.logweight,
-        )
-        accepted = {DEVICE: device.token == token, CLOUD: cloud.token == token}
-        return Outcome(position=device.position, token=token, accepted=accepted)
-    if greedy and device.support is not None and cloud.support is not None:
-        # the argmax on the union of the two sparse supports: the same token, no vocab pass
-        token = greedy_aggregate(
-            device.sent_probs,
-            cloud.sent_probs,
-            device.logweight,
-            cloud.logweight,
-            support=torch.cat([device.support, cloud.support]),
         )
         accepted = {DEVICE: device.token == token, CLOUD: cloud.token == token}
         return Outcome(position=device.position, token=token, accepted=accepted)

@@ -50,7 +50,7 @@ class Draft:
     created: float = field(default_factory=time.perf_counter)
     branch_of: tuple[int, int] | None = None  # (t, x): a branch draft (module docstring)
     # [n] int64 ids outside which the sent probs are 0, when the codec keeps them (sparse
-    # codecs): greedy aggregation then reads those ids only (`aggregation.greedy_aggregate`)
+    # codecs): greedy aggregation then reads those ids only (`greedy_aggregate_kept`)
     support: torch.Tensor | None = None
     # [n] float32 sent probs at `support` (the kept form), or None; `vocab_size` with them
     values: np.ndarray | None = None
@@ -99,11 +99,9 @@ def make_draft(
                 vocab_size=law.probs.shape[-1],
                 **common,
             )
-        payload, sent_probs, kept_ids = codec.encode_sent(law.probs)
-        support = None if kept_ids is None else torch.from_numpy(kept_ids)
-        token = support_argmax(sent_probs, support)
+        payload, sent_probs, _ = codec.encode_sent(law.probs)  # no support: not a sparse codec
         codec.observe(law.probs)
-        return Draft(token=token, dense=sent_probs, payload=payload, support=support, **common)
+        return Draft(token=support_argmax(sent_probs), dense=sent_probs, payload=payload, **common)
     out = codec_draft(codec, law.probs, position_generator(seed, side, position))
     return Draft(token=out.token, dense=out.sent_probs, payload=out.payload, **common)
 

@@ -104,11 +104,10 @@ def parse_draft(msg: DraftTokens, *, side: str, codec: Codec, vocab_size: int) -
             raise ValueError(_NOT_HELD.format(token=token))
         kept = torch.from_numpy(ids)
         return Draft(dense=None, support=kept, values=values, vocab_size=vocab_size, **common)
-    sent_probs, kept = codec.decode_sent(msg.distributions[0], vocab_size)
+    sent_probs, _ = codec.decode_sent(msg.distributions[0], vocab_size)  # no support: dense
     if not 0 <= token < vocab_size or not sent_probs[token] > 0:
         raise ValueError(_NOT_HELD.format(token=token))
-    support = None if kept is None else torch.from_numpy(kept)
-    return Draft(dense=sent_probs, support=support, **common)
+    return Draft(dense=sent_probs, **common)
 
 
 _NOT_HELD = "draft token {token} is not in the support of its sent distribution"
