@@ -402,12 +402,11 @@ def record(
 
 
 def _record_runs(device_lm, cloud_lm, tokens: int, temperature: float, questions) -> list[dict]:
-    import asyncio
-
     from tandem.models.registry import load_tokenizer
     from tandem.protocols.dragon import DragonConfig, Knowledge, run_pair
     from tandem.protocols.dragon.setup import ensure_index
     from tandem.serve.dragon_demo import default_private_corpus
+    from tandem.transport import loop as event_loop
 
     names = {DEVICE: str(default_private_corpus()), CLOUD: "stdlib"}
     indexer = "qwen2.5-coder-0.5b"  # the cached indexes (chunk text only; rows re-encode it)
@@ -420,7 +419,7 @@ def _record_runs(device_lm, cloud_lm, tokens: int, temperature: float, questions
     )
     runs = []
     for question in questions:
-        device, _ = asyncio.run(
+        device, _ = event_loop.run(
             run_pair(device_lm=device_lm, cloud_lm=cloud_lm, device_knowledge=knowledge[DEVICE],
                      cloud_knowledge=knowledge[CLOUD], question=question, config=config)
         )  # fmt: skip

@@ -32,7 +32,6 @@ total time of the generations (TTFT included).
 
 from __future__ import annotations
 
-import asyncio
 import os
 import socket
 import statistics
@@ -49,6 +48,7 @@ from benchmarks import humaneval_tasks as tasks
 from benchmarks.report import new_figure, save_json, save_png
 from tandem import sandbox
 from tandem.errors import TandemError
+from tandem.transport import loop as event_loop
 
 EAGER = {"pipeline": "eager", "codec": "k-sqs", "codec_params": {"k": 3}}
 EAGER_BRANCH = {**EAGER, "branch_below": 0.5, "branch_len": 4}
@@ -246,7 +246,7 @@ class NetCloud:
         from tandem.serve.api.backends import probe_cloud
 
         deadline = time.monotonic() + CLOUD_START_S
-        while not asyncio.run(probe_cloud(host, port, transport)):
+        while not event_loop.run(probe_cloud(host, port, transport)):
             if self.process.poll() is not None or time.monotonic() > deadline:
                 raise TandemError(f"humaneval bench: the cloud did not start: {self.tail()}")
             time.sleep(1.0)
@@ -292,7 +292,7 @@ class _Generator:
         cfg = type(config)(**{**config.to_json(), **settings})
         controller = self._controller() if mode == "spec-adaptive" else None
         try:
-            report = asyncio.run(run_generation(
+            report = event_loop.run(run_generation(
                 runtime, lm=self.lm, prompt_ids=ids, config=cfg, host=self.host, port=self.port,
                 transport=self.transport, controller=controller,
             ))  # fmt: skip

@@ -44,6 +44,7 @@ from tandem.testbed.netns import (
     side_argv,
 )
 from tandem.testbed.proxy import DelayProxy, ProxyConfig
+from tandem.transport import loop as event_loop
 
 BENCH_NET = "tandem-bench"
 MESSAGE = bytes(16)
@@ -176,9 +177,9 @@ def measure_latency(count: int, warmup: int = 50, rounds: int = 5) -> dict:
     """
     methods = {
         "raw socket": lambda n: _raw_socket_rtts(n, warmup),
-        "asyncio frame": lambda n: asyncio.run(_asyncio_frame_rtts(n, warmup)),
-        "tandem ping": lambda n: asyncio.run(_tandem_ping_rtts(n, warmup, via_proxy=False)),
-        "tandem ping via proxy": lambda n: asyncio.run(
+        "asyncio frame": lambda n: event_loop.run(_asyncio_frame_rtts(n, warmup)),
+        "tandem ping": lambda n: event_loop.run(_tandem_ping_rtts(n, warmup, via_proxy=False)),
+        "tandem ping via proxy": lambda n: event_loop.run(
             _tandem_ping_rtts(n, warmup, via_proxy=True)
         ),
     }

@@ -27,7 +27,6 @@ clock, TTFT separately, totals over all questions (TTFT included) as tokens/s.
 
 from __future__ import annotations
 
-import asyncio
 import statistics
 import tempfile
 import time
@@ -39,6 +38,7 @@ from rich.table import Table
 from benchmarks import RESULTS, private_tasks
 from benchmarks.report import new_figure, save_json, save_png
 from tandem.errors import TandemError
+from tandem.transport import loop as event_loop
 
 METHODS = ("device-rag", "cloud-rag", "picospec", "dragon", "private-spec")
 DEVICE_MODEL = "qwen2.5-coder-0.5b"
@@ -154,7 +154,7 @@ class _Device:
         def on_token(_token: int) -> None:
             times.append(time.perf_counter() - start)
 
-        tokens = asyncio.run(self._run(method, question, max_new_tokens, on_token))
+        tokens = event_loop.run(self._run(method, question, max_new_tokens, on_token))
         return tokens, times
 
     async def _run(self, method, question, max_new_tokens, on_token) -> list[int]:

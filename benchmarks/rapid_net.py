@@ -33,6 +33,7 @@ from benchmarks import RESULTS
 from benchmarks.report import Machines, new_figure, save_json, save_png
 from tandem.errors import TandemError
 from tandem.transport import LinkConfig, memory_pair
+from tandem.transport import loop as event_loop
 
 ISOLATION = "threads: each side's model calls on workers pinned to its set (one process)"
 SHARED = ["event loop, sampling, codecs and the in-process link emulator (not pinned)"]
@@ -180,7 +181,7 @@ def _measure(
         retrieved = retrieve(task.context, task.question, lm.tokenizer, embedder, retrieval).text
         target_ids = target_prompt(lm.tokenizer, task.context, task.question)
         if index == 0:  # warm-up, discarded
-            asyncio.run(_edge(device_lm, cloud_lm, task, retrieved, warm, LinkConfig()))
+            event_loop.run(_edge(device_lm, cloud_lm, task, retrieved, warm, LinkConfig()))
         target = Prefilled(lm, target_ids)
         drafter = Prefilled(lm, drafter_prompt(lm.tokenizer, retrieved, task.question))
         for method, result in (("rapid-local", rapid(target, drafter, config)),
@@ -189,9 +190,9 @@ def _measure(
         for rtt in rtts:
             link = LinkConfig(delay_ms=rtt / 2, rate_mbit=rate_mbit)
             edge = _edge(device_lm, cloud_lm, task, retrieved, config, link)
-            rows.append(edge_row("rapid-edge", rtt, task, asyncio.run(edge)))
+            rows.append(edge_row("rapid-edge", rtt, task, event_loop.run(edge)))
             lc_cloud = _lc_cloud(device_lm, cloud_lm, target_ids, config, rtt, rate_mbit)
-            rows.append(ar_row(rtt, task, asyncio.run(lc_cloud)))
+            rows.append(ar_row(rtt, task, event_loop.run(lc_cloud)))
             console.log(
                 f"{task.task_id} RTT {rtt:.0f} ms: rapid-edge "
                 f"{rows[-2]['tokens'] / rows[-2]['total_s']:.2f} tok/s, lc-cloud "

@@ -37,6 +37,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tandem.transport import loop as event_loop
+
 PROMPTS = [
     "def add(a, b):", "import os\n", "class Stack:\n", "# sort a list", "def fib(n):",
     "with open(", "for i in range(", "async def fetch(",
@@ -219,7 +221,7 @@ def _measure(device_lm, cloud_lm, sessions: list[int], repeats: int, settings: d
                 for batching in (False, True):  # alternated, so drifting load hits both
                     progress.update(task, description=f"{n} sessions, batching {batching}")
                     runs[batching].append(
-                        asyncio.run(
+                        event_loop.run(
                             _run_point(
                                 device_lm,
                                 cloud_lm,

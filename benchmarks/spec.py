@@ -45,6 +45,7 @@ from benchmarks import RESULTS, spec_sqs
 from benchmarks.report import Machines, new_figure, save_json, save_png
 from tandem.protocols.spec import SpecConfig, run_pair, theory
 from tandem.transport import LinkConfig, memory_pair
+from tandem.transport import loop as event_loop
 
 PROMPTS = (
     'def is_palindrome(text: str) -> bool:\n    """Return True if text reads the same backwards, ignoring case."""\n',
@@ -213,12 +214,12 @@ def run(
         prompt_ids = [device_lm.tokenizer.encode(p) for p in prompts]
         warm = SpecConfig(**{**config.to_json(), "max_new_tokens": 4})
         for method in ("cloud-ar", "picospec"):  # warm-up, discarded
-            asyncio.run(_one(method, device_lm, cloud_lm, prompt_ids[0], 0, warm, rate_mbit))
+            event_loop.run(_one(method, device_lm, cloud_lm, prompt_ids[0], 0, warm, rate_mbit))
         regime_runs: dict[tuple[str, float], list[dict]] = {}
         for rtt in rtts:  # methods side by side at each RTT
             for ids in prompt_ids:
                 for method in methods:
-                    report = asyncio.run(
+                    report = event_loop.run(
                         _one(method, device_lm, cloud_lm, ids, rtt, config, rate_mbit)
                     )
                     record = {"regime": regime, "method": method, "rtt_ms": rtt, **_record(report)}
@@ -326,7 +327,7 @@ def _draft_lengths(regime, device_lm, cloud_lm, prompt_ids, config, rate_mbit, c
         cfg = SpecConfig(**{**config.to_json(), "draft_len": gamma})
         group = []
         for ids in prompt_ids:
-            report = asyncio.run(_one("picospec", device_lm, cloud_lm, ids, 100, cfg, rate_mbit))
+            report = event_loop.run(_one("picospec", device_lm, cloud_lm, ids, 100, cfg, rate_mbit))
             group.append({"summary": report.summary(), "total_s": report.total_s})
         rows.append({"regime": regime, "draft_len": gamma, "rtt_ms": 100, **aggregate(group)})
         console.log(

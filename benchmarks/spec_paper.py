@@ -73,6 +73,7 @@ from tandem.models.emulated import SleepLM
 from tandem.protocols.spec import SpecConfig, epochs, run_pair
 from tandem.protocols.spec.planner import Branching, Controller, Costs, throughput
 from tandem.transport import LinkConfig, memory_pair
+from tandem.transport import loop as event_loop
 
 DRAFT_TOKEN_S, TARGET_BASE_S, TARGET_PER_TOKEN_S = 0.024, 0.067, 0.005
 DRAFT_PER_TOKEN_S = 0.002  # a draft pass over n tokens: DRAFT_TOKEN_S + (n - 1) of these
@@ -383,7 +384,7 @@ def run(
         for rtt in rtts:
             warm_ids = target.tokenizer.encode(PROMPTS[0])
             warm = TraceDraftLM(target, [1], len(warm_ids))
-            asyncio.run(run_one("eager", target=target, draft=warm, prompt_ids=warm_ids,
+            event_loop.run(run_one("eager", target=target, draft=warm, prompt_ids=warm_ids,
                                 rtt_ms=rtt, n=8))  # fmt: skip
             for trace_name, agreements in traces.items():
                 controller = Controller(prior=calibrated_costs(rtt / 1e3), alpha=0.8)
@@ -391,7 +392,7 @@ def run(
                     ids = target.tokenizer.encode(PROMPTS[index % len(PROMPTS)])
                     draft = trace_draft(target, agreement, len(ids))
                     for method in methods:
-                        report, (chosen, gamma) = asyncio.run(
+                        report, (chosen, gamma) = event_loop.run(
                             run_one(method, target=target, draft=draft, prompt_ids=ids,
                                     rtt_ms=rtt, n=n, controller=controller)
                         )  # fmt: skip

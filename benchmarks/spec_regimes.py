@@ -23,7 +23,6 @@ tokens after the first / time after the first token. One warm-up run per setting
 
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +36,7 @@ from benchmarks.report import Machines, new_figure, save_json, save_png
 from benchmarks.spec import ISOLATION, PROMPTS, SHARED, aggregate, run_method
 from benchmarks.spec_emulated import paper_pair
 from tandem.protocols.spec import SpecConfig
+from tandem.transport import loop as event_loop
 
 PAIR = ("picospec", "w/o para-draft")  # async vs its own stop-and-wait (benchmarks.spec)
 
@@ -118,12 +118,14 @@ def run(
                 ids = [sides["device"].tokenizer.encode(p) for p in prompts]
                 models = {"device_lm": sides["device"], "cloud_lm": sides["cloud"],
                           "rate_mbit": rate_mbit}  # fmt: skip
-                asyncio.run(run_method(PAIR[0], prompt_ids=ids[0], rtt_ms=0, config=warm, **models))
+                event_loop.run(
+                    run_method(PAIR[0], prompt_ids=ids[0], rtt_ms=0, config=warm, **models)
+                )
                 for rtt in rtts:
                     for method in PAIR:
                         group = []
                         for prompt_ids in ids:
-                            report = asyncio.run(
+                            report = event_loop.run(
                                 run_method(method, prompt_ids=prompt_ids, rtt_ms=rtt,
                                            config=config, **models)
                             )  # fmt: skip

@@ -75,7 +75,6 @@ def serve(
         from tandem.testbed.proxy import parse_hostport
 
         flags["host"], flags["port"] = parse_hostport(listen)
-    import asyncio
     import logging
 
     import torch
@@ -85,6 +84,7 @@ def serve(
     from tandem.serve.cloud import CloudServer, cloud_resources
     from tandem.serve.cloud_metrics import session_logger
     from tandem.transport import LinkConfig, TransportConfig
+    from tandem.transport import loop as event_loop
 
     s = cloud_settings(config, flags)
     modes = list(s.mode)
@@ -130,7 +130,7 @@ def serve(
             await cloud.close()
 
     try:
-        asyncio.run(main())
+        event_loop.run(main())
     except KeyboardInterrupt:
         typer.echo("tandem cloud: stopped")
 

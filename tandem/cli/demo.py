@@ -188,8 +188,6 @@ def run_dragon_device(
     """`tandem device run --mode dragon`: the device side against a running DRAGON cloud;
     `timeline`: print where each side's time went per token (both sides' timelines are in
     the JSON either way when asked)."""
-    import asyncio
-
     from rich.console import Console
 
     from tandem.errors import TandemError
@@ -197,6 +195,7 @@ def run_dragon_device(
     from tandem.protocols.dragon import DragonConfig
     from tandem.protocols.dragon.setup import load_side, set_threads
     from tandem.serve.dragon_session import emulated_link, run_device_session
+    from tandem.transport import loop as event_loop
 
     if not corpus:
         raise TandemError("--mode dragon needs --corpus (the device's private corpus)")
@@ -208,7 +207,7 @@ def run_dragon_device(
     setup = load_side(corpus=corpus, model=model, docs=docs)
     show = text_stream(setup.lm.tokenizer, eos=setup.lm.tokenizer.eos_token_id)
 
-    report = asyncio.run(
+    report = event_loop.run(
         run_device_session(
             setup,
             host,

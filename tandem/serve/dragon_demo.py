@@ -13,7 +13,6 @@ fails. `kill_cloud_after=n` SIGKILLs the cloud after n tokens to show the fault 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import secrets
@@ -30,6 +29,7 @@ from tandem.errors import TandemError
 from tandem.protocols.decoding import OnToken, after_tokens
 from tandem.protocols.dragon.setup import ensure_index, load_side, set_threads
 from tandem.serve.dragon_session import emulated_link, run_device_session
+from tandem.transport import loop as event_loop
 
 DEFAULT_QUESTION = (
     "Write an async Python function fetch_with_retry(fetch) for our buoy requests that "
@@ -115,7 +115,7 @@ def run_demo(
         # a crash after `kill_cloud_after` tokens: the socket closes without a goodbye
         token_seen = after_tokens(on_token, kill_cloud_after, child.kill)
 
-        return asyncio.run(
+        return event_loop.run(
             run_device_session(
                 setup,
                 address["host"],

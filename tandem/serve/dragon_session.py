@@ -26,6 +26,7 @@ from pathlib import Path
 
 from tandem.errors import TandemError
 from tandem.protocols.dragon.setup import SideSetup, load_side, set_threads, transport_config
+from tandem.transport import loop as event_loop
 
 
 def emulated_link(delay_ms: float):
@@ -117,7 +118,9 @@ def cloud_main(argv: list[str] | None = None) -> None:
             corpus=args.corpus, model=args.model, docs=args.docs, profile=not args.no_profile
         )
         link = emulated_link(args.delay_ms)
-        asyncio.run(serve_cloud_forever(setup, host, port, ready_file=args.ready_file, link=link))
+        event_loop.run(
+            serve_cloud_forever(setup, host, port, ready_file=args.ready_file, link=link)
+        )
     except TandemError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -10,7 +10,6 @@ tokens with their 64-bit SQS laws, and verdicts cross the link (docs/private-spe
 
 from __future__ import annotations
 
-import asyncio
 import secrets
 import shutil
 import socket
@@ -23,6 +22,7 @@ from pathlib import Path
 
 from tandem.errors import TandemError
 from tandem.protocols.decoding import OnToken
+from tandem.transport import loop as event_loop
 
 CLOUD_MODEL = "qwen2.5-coder-1.5b"
 DEVICE_MODEL = "qwen2.5-coder-0.5b"
@@ -86,7 +86,7 @@ def run_private_demo(
         knowledge = Knowledge.from_index(index)
         on_status(f"device: {DEVICE_MODEL} with the private notes on cores {plan['device']}")
         deadline = time.monotonic() + READY_TIMEOUT_S
-        while not asyncio.run(probe_cloud("127.0.0.1", port, transport)):
+        while not event_loop.run(probe_cloud("127.0.0.1", port, transport)):
             if child.poll() is not None or time.monotonic() > deadline:
                 tail = log.read_text(errors="replace")[-1500:]
                 raise TandemError(f"the cloud process did not start: {tail.strip()}")
@@ -98,7 +98,7 @@ def run_private_demo(
                 channel, device_lm, knowledge, question, config, docs=docs, on_token=on_token
             )
 
-        return asyncio.run(main())
+        return event_loop.run(main())
     finally:
         child.terminate()
         try:

@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
@@ -22,6 +21,7 @@ from tandem.protocols.rapid.engine import RapidResult, check_pair, rapid
 from tandem.protocols.rapid.prompts import drafter_prompt, target_prompt
 from tandem.protocols.rapid.retrieval import retrieve
 from tandem.protocols.rapid.states import Prefilled
+from tandem.transport import loop as event_loop
 
 
 def summary(name: str, result: RapidResult) -> dict[str, Any]:
@@ -90,7 +90,7 @@ async def _serve(target_lm: CausalLM, context: str, host: str, port: int, secret
 
 
 def serve_cloud(target_lm: CausalLM, context: str, *, host: str, port: int, secret: bytes) -> None:
-    asyncio.run(_serve(target_lm, context, host, port, secret))
+    event_loop.run(_serve(target_lm, context, host, port, secret))
 
 
 def run_device(

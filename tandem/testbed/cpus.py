@@ -136,9 +136,12 @@ def pin_role(role: str, cores: Iterable[int] | None = None) -> list[int]:
 
 
 def machine_state(lm=None) -> dict:
-    """The cpu set, thread counts and load average of this process (of the calling thread:
-    affinity is per thread), for a result file; with `lm`, also its engine's thread count."""
-    state: dict = {"cpus": available(), "loadavg": loadavg()}
+    """The cpu set, thread counts, load average and event loop (`transport.loop.name()`) of
+    this process (of the calling thread: affinity is per thread), for a result file; with
+    `lm`, also its engine's thread count."""
+    from tandem.transport import loop as event_loop
+
+    state: dict = {"cpus": available(), "loadavg": loadavg(), "event_loop": event_loop.name()}
     try:
         import torch
 

@@ -41,6 +41,7 @@ from pathlib import Path
 
 from tandem.errors import TandemError
 from tandem.testbed.proxy import check_target, parse_hostport
+from tandem.transport import loop as event_loop
 
 HEADER = struct.Struct(">cQ")
 CHUNK = 65536
@@ -238,10 +239,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         if args.command == "serve":
-            asyncio.run(_serve_forever(*parse_hostport(args.listen), args.ready_file))
+            event_loop.run(_serve_forever(*parse_hostport(args.listen), args.ready_file))
         else:
             host, port = parse_hostport(args.connect)
-            found = asyncio.run(
+            found = event_loop.run(
                 measure(
                     host,
                     port,

@@ -9,6 +9,7 @@ Layers, bottom up (each usable without the ones above it)::
     channel.py    the Channel protocol, FramedChannel over a byte stream, memory_pair()
     emulator.py   LinkConfig + in-process link emulator (delay, jitter, rate, loss)
     driver.py     asyncio TCP: connect() and serve(), optional TLS (tlsutil.py)
+    loop.py       the event loop a process runs on: run(main()), uvloop where installed
     errors.py     the exception tree (TransportError > ProtocolError, HandshakeError, ...)
 
 Words: a *frame* is one encoded message on the wire; a *message* is the decoded frozen

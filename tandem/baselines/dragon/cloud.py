@@ -28,6 +28,7 @@ from tandem.protocols.dragon import serve_cloud, wire
 from tandem.protocols.dragon.config import CLOUD, DragonConfig
 from tandem.protocols.dragon.knowledge import Knowledge, build_decoder
 from tandem.transport import ChannelClosed, TargetToken, TransportError, control
+from tandem.transport import loop as event_loop
 
 from .context import block_state, context_layout, generate, prefill_context, state_to_bytes
 from .device import NETWORK_METHODS, _generate_side, _side_step, recv_app
@@ -229,7 +230,7 @@ def cloud_main(argv: list[str] | None = None) -> None:
 
     try:
         set_threads(args.threads)
-        asyncio.run(main())
+        event_loop.run(main())
     except TandemError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -43,6 +43,7 @@ from pathlib import Path
 
 from tandem.errors import TandemError
 from tandem.testbed.netns import JITTER, jitter_fraction
+from tandem.transport import loop as event_loop
 
 MARK = "@@ "
 READY_TIMEOUT_S = 900.0
@@ -300,7 +301,7 @@ def worker_main(argv: list[str] | None = None) -> None:
     print(MARK + json.dumps({"ready": True, "machine": machine_state(setup.lm)}), flush=True)
     for line in sys.stdin:
         try:
-            answer = asyncio.run(run_one(setup, host, port, json.loads(line)))
+            answer = event_loop.run(run_one(setup, host, port, json.loads(line)))
             rows = getattr(setup.lm, "rows_in_use", None)  # rows left behind slow later runs
             if rows is not None:
                 answer["device_rows_in_use"] = rows()

@@ -22,7 +22,6 @@ their corpora, live in retrieval.py.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import time
@@ -36,6 +35,7 @@ from tandem.protocols.decoding import OnToken
 from tandem.protocols.report import finish_of
 from tandem.protocols.spec.config import DEVICE_CODEC, NOT_EAGER_CODECS
 from tandem.transport import TransportConfig, TransportError
+from tandem.transport import loop as event_loop
 
 log = logging.getLogger("tandem.serve.api")
 
@@ -256,7 +256,7 @@ class CloudBackend:
         info: dict = {"bytes_up": 0, "bytes_down": 0}
         config = self.config(params)  # a bad setting is an error, not a reason to degrade
         try:
-            report = asyncio.run(self._collaborate(prompt_ids, params, config, recorder, info))
+            report = event_loop.run(self._collaborate(prompt_ids, params, config, recorder, info))
         except StopGeneration:
             return GenResult(recorder.tokens, "stop", info=info)
         except (TandemError, TransportError, OSError) as exc:

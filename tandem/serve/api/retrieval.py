@@ -18,8 +18,6 @@ Words used here:
 
 from __future__ import annotations
 
-import asyncio
-
 from tandem.errors import TandemError
 from tandem.protocols.decoding import OnToken
 from tandem.protocols.report import finish_of
@@ -34,6 +32,7 @@ from tandem.serve.api.backends import (
     reason_of,
 )
 from tandem.transport import TransportConfig, TransportError
+from tandem.transport import loop as event_loop
 
 
 class _Swallow:
@@ -80,7 +79,7 @@ class DragonBackend:
             )  # fmt: skip
 
         try:
-            report = asyncio.run(run())
+            report = event_loop.run(run())
         except (TandemError, TransportError, OSError) as exc:
             return finish_alone(self.lm, prompt_ids, params, recorder, reason_of(exc))
         summary = report.summary()
