@@ -37,8 +37,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tandem.transport import loop as event_loop
-
 PROMPTS = [
     "def add(a, b):", "import os\n", "class Stack:\n", "# sort a list", "def fib(n):",
     "with open(", "for i in range(", "async def fetch(",
@@ -211,6 +209,8 @@ def run(
 def _measure(device_lm, cloud_lm, sessions: list[int], repeats: int, settings: dict):
     """(points, capacity): every concurrency with batching off and on, then the cloud alone."""
     from rich.progress import Progress
+
+    from tandem.transport import loop as event_loop
 
     points = []
     with Progress() as progress:

@@ -41,7 +41,6 @@ from pathlib import Path
 
 from tandem.errors import TandemError
 from tandem.testbed.proxy import check_target, parse_hostport
-from tandem.transport import loop as event_loop
 
 HEADER = struct.Struct(">cQ")
 CHUNK = 65536
@@ -237,6 +236,8 @@ def main(argv: list[str] | None = None) -> None:
     run.add_argument("--upload-bytes", type=int, default=0)
     run.add_argument("--download-bytes", type=int, default=0)
     args = parser.parse_args(argv)
+    from tandem.transport import loop as event_loop  # here: the package is heavy to import
+
     try:
         if args.command == "serve":
             event_loop.run(_serve_forever(*parse_hostport(args.listen), args.ready_file))

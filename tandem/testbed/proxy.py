@@ -61,7 +61,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tandem.errors import TandemError
-from tandem.transport import loop as event_loop
 
 LINK_SUBNET = ipaddress.ip_network("10.203.0.0/30")
 ALLOWED_NETWORKS = (
@@ -577,6 +576,8 @@ def main(argv: list[str] | None = None) -> None:
             seed=args.seed,
             delayed=args.delayed,
         )
+        from tandem.transport import loop as event_loop  # here: the package is heavy to import
+
         event_loop.run(_serve_forever(config, args.ready_file))
     except TandemError as exc:
         print(f"error: {exc}", file=sys.stderr)
