@@ -315,6 +315,7 @@ class LlamaCppLM:
         logits of the flagged items, in order."""
         global _DECODED
         _DECODED = True
+        self._fit_threads()
         lib, batch = self._lib, self._batch
         out: list[np.ndarray] = []
         if 1 < len(items) <= self.split_calls:  # one token per call costs less here
@@ -344,6 +345,16 @@ class LlamaCppLM:
         if not out:
             return np.zeros((0, self.vocab_size), dtype=np.float32)
         return out[0] if len(out) == 1 else np.concatenate(out)
+
+    def _fit_threads(self) -> None:
+        """No more engine threads than cores the calling thread may run on now: a process pinned
+        to fewer cores after its model loaded (measured: loaded on two cores, then pinned to one)
+        spun both threads in an OpenMP barrier on the one core, a decode that never returned.
+        `threads` follows the set down, never back up. Checked every call (~0.3 us)."""
+        cores = len(os.sched_getaffinity(0))
+        if cores < self.threads:
+            self._lib.llama_set_n_threads(self._ctx, cores, cores)
+            self.threads = cores
 
     def _arm(self, cancel: threading.Event | None) -> None:
         self._flag[0] = b"\x00"

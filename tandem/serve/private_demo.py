@@ -46,7 +46,7 @@ def run_private_demo(
     on_status: Callable[[str], None] = lambda _: None,
 ):
     """Start the cloud child, run the device here; returns the device's SpecReport."""
-    from tandem.models.registry import load_model
+    from tandem.models.registry import load_model, load_tokenizer
     from tandem.protocols.dragon import Knowledge
     from tandem.protocols.dragon.setup import ensure_index
     from tandem.protocols.private_spec import run_private_device
@@ -58,9 +58,9 @@ def run_private_demo(
         raise TandemError(f"private corpus {private_corpus} not found (use --private DIR)")
     plan = cpus.plan()
     on_status("preparing indexes (built once, then cached)")
-    device_lm = load_model(DEVICE_MODEL, progress=False)
-    ensure_index("stdlib", tokenizer=device_lm.tokenizer, tokenizer_name=CLOUD_MODEL)
-    index = ensure_index(str(private_corpus), tokenizer=device_lm.tokenizer,
+    tokenizer = load_tokenizer(DEVICE_MODEL, progress=False)
+    ensure_index("stdlib", tokenizer=tokenizer, tokenizer_name=CLOUD_MODEL)
+    index = ensure_index(str(private_corpus), tokenizer=tokenizer,
                          tokenizer_name=DEVICE_MODEL)  # fmt: skip
     secret = secrets.token_hex(16)
     port = _free_port()
@@ -76,7 +76,11 @@ def run_private_demo(
         child = subprocess.Popen(cpus.pinned_argv(plan["cloud"], argv), stdin=subprocess.DEVNULL,
                                  stdout=sink, stderr=subprocess.STDOUT)  # fmt: skip
     try:
+        # pinned before the model loads: llama.cpp takes one thread per core of the set it
+        # sees then (loaded on both cores and pinned to one after, its two threads spun in an
+        # OpenMP barrier on the one core and the demo stopped mid-answer)
         cpus.pin(plan["device"])
+        device_lm = load_model(DEVICE_MODEL, progress=False)
         transport = TransportConfig.for_model(
             device_lm,
             role="device",
