@@ -20,7 +20,8 @@ Words used here:
   codec; the NLL only needs each row's probability of the true token, and mixing is linear),
   `dragon-side` (ours, `DragonConfig(rows="side")`: one row per side holding that side's k
   documents concatenated, i.e. CRCG/Device's and CRCG/Cloud's rows, mixed across sides with
-  the same weights eta as `dragon`; no extra model call).
+  the same weights eta as `dragon`; no extra model call; the live row also names each source
+  document and marks left-out chunks: `retrieval.search.joined_in_document_order`).
 - *perplexity*: exp(total NLL / total scored tokens) over all passages (corpus level).
 
 Concatenated contexts share their KV cache across k when one context extends the last (the

@@ -8,6 +8,9 @@ Words used here:
 - *hit*: `(chunk, score)`, best first.
 - *context selection* (RAPID §3.1): keep hits above a similarity threshold, within a token
   budget, and put them back in document order.
+- *joined context* (`joined_in_document_order`): several retrieved chunks as one text for one
+  prompt, each document's chunks in the order they stand in it, under a line naming the
+  document, with `GAP` where chunks between two retrieved ones were left out.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ HNSW_EF_CONSTRUCTION = 80
 HNSW_EF_SEARCH = 64
 
 Hit = tuple[Chunk, float]
+GAP = "..."  # the line that stands for the chunks left out between two retrieved ones
 
 
 class ChunkLookup(Protocol):
@@ -145,3 +149,27 @@ def select_context(
     if in_document_order:
         chosen.sort(key=lambda c: (c.doc_id, c.position))
     return chosen
+
+
+def joined_in_document_order(pieces: Sequence[tuple[str, int, str]]) -> str:
+    """One text of retrieved chunks, given as (document id, position in it, text): grouped by
+    document in the order each first appears, a document's chunks by position, a
+    `# <document id>` line before each document and a `GAP` line between two of its chunks
+    that were not next to each other. Chunks are cut at any whitespace, mid-line too, so two
+    far-apart chunks joined as they are read as one text (the DRAGON demo's answer copied
+    `retry_async(call, *, attempts=5,` straight into the `PermanentError:` of a chunk two
+    further on)."""
+    first_seen: dict[str, int] = {}
+    for document, _, _ in pieces:
+        first_seen.setdefault(document, len(first_seen))
+    ordered = sorted(pieces, key=lambda piece: (first_seen[piece[0]], piece[1]))
+    lines: list[str] = []
+    previous: tuple[str, int] | None = None
+    for document, position, text in ordered:
+        if previous is None or previous[0] != document:
+            lines.append(f"# {document}")
+        elif position != previous[1] + 1:
+            lines.append(GAP)
+        lines.append(text.strip("\n"))
+        previous = (document, position)
+    return "\n".join(lines)

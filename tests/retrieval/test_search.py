@@ -4,7 +4,7 @@ from tandem.errors import TandemError
 from tandem.models.tiny import ByteTokenizer
 from tandem.retrieval.chunking import ChunkParams, chunk_text
 from tandem.retrieval.embedder import HashingEmbedder
-from tandem.retrieval.search import Retriever, select_context
+from tandem.retrieval.search import GAP, Retriever, joined_in_document_order, select_context
 
 LONG = " ".join(
     f"Section {i}. "
@@ -40,6 +40,31 @@ def test_select_context_threshold_budget_and_order():
     assert [c.position for c in chosen] == [2, 5]  # budget: 2 chunks of ~100; order restored
     chosen = select_context(hits, max_tokens=10_000, min_score=0.3, in_document_order=False)
     assert [c.position for c in chosen] == [5, 2, 9]
+
+
+def test_joined_context_keeps_each_document_in_order_and_marks_what_was_left_out():
+    pieces = [  # retrieval order: best first
+        ("notes/backoff.py", 0, "async def retry(call, *, attempts=5,"),
+        ("adr/0002.md", 3, "Retry with full jitter."),
+        ("notes/backoff.py", 2, "PermanentError:\n    raise\n"),
+        ("notes/backoff.py", 3, "except TimeoutError:"),
+        ("adr/0002.md", 1, "Context."),
+    ]
+    text = joined_in_document_order(pieces)
+    assert text.split("\n") == [
+        "# notes/backoff.py",  # the best chunk's document first, its chunks by position
+        "async def retry(call, *, attempts=5,",
+        GAP,  # position 1 was not retrieved
+        "PermanentError:",
+        "    raise",  # a chunk's own newlines stay; only its ends are trimmed
+        "except TimeoutError:",  # 3 follows 2: no gap
+        "# adr/0002.md",
+        "Context.",
+        GAP,
+        "Retry with full jitter.",
+    ]
+    assert joined_in_document_order([("a", 4, "alone")]) == "# a\nalone"
+    assert joined_in_document_order([]) == ""
 
 
 def test_embedder_dimension_mismatch_is_refused():

@@ -21,13 +21,16 @@ from tandem.models.base import CausalLM
 from tandem.protocols.dragon.config import DragonConfig
 from tandem.protocols.dragon.decoder import DocDecoder, RelevanceSchedule
 from tandem.protocols.dragon.prompt import RagPrompt
+from tandem.retrieval.search import joined_in_document_order
 
 
 @dataclass(frozen=True)
 class RetrievedDoc:
-    doc_id: str
+    doc_id: str  # "<document>#<position>"
     text: str
     score: float  # retrieval cosine similarity
+    document: str = ""  # the chunk's document id
+    position: int = 0  # the chunk's index within its document
 
 
 @dataclass
@@ -71,7 +74,13 @@ class Knowledge:
         if self.retriever is None or k == 0 or not len(self.retriever):
             return []
         return [
-            RetrievedDoc(doc_id=f"{chunk.doc_id}#{chunk.position}", text=chunk.text, score=score)
+            RetrievedDoc(
+                doc_id=f"{chunk.doc_id}#{chunk.position}",
+                text=chunk.text,
+                score=score,
+                document=chunk.doc_id,
+                position=chunk.position,
+            )
             for chunk, score in self.retriever.search(question, k)
         ]
 
@@ -99,8 +108,9 @@ def build_decoder(
     prefixes = [prompt.doc_prefix(lm.tokenizer, d.text) for d in docs] or [
         prompt.doc_prefix(lm.tokenizer, None)
     ]
-    if config.rows == "side" and len(docs) > 1:  # one row holding every document, in order
-        prefixes = [prompt.doc_prefix(lm.tokenizer, "\n".join(d.text for d in docs))]
+    if config.rows == "side" and len(docs) > 1:  # one row holding every document
+        pieces = [(d.document, d.position, d.text) for d in docs]
+        prefixes = [prompt.doc_prefix(lm.tokenizer, joined_in_document_order(pieces))]
     scorer = make_scorer(config.scorer, knowledge, docs, config.relevance_temperature)
     static = np.array([d.score / config.relevance_temperature for d in docs] or [0.0], np.float32)
     relevance = RelevanceSchedule(

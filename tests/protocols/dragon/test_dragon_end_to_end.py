@@ -297,8 +297,13 @@ def test_one_row_per_side_holds_every_document_and_keeps_the_side_weight(corpora
     joined, same_docs = build_decoder(tiny_lm, corpora[0], QUESTION, config(rows="side"))
     assert len(docs) > 1 and [d.doc_id for d in same_docs] == [d.doc_id for d in docs]
     assert per_doc.num_rows == len(docs) and joined.num_rows == 1
+    prompt = tiny_lm.tokenizer.decode(joined.prefixes[0])
     for doc in docs:  # every document's text is in the one row's prompt
-        assert tiny_lm.tokenizer.decode(joined.prefixes[0]).count(doc.text.strip()[:40]) == 1
+        assert prompt.count(doc.text.strip()[:40]) == 1
+        assert doc.doc_id == f"{doc.document}#{doc.position}"
+    # each source document named once, its chunks in their order (retrieval.search)
+    headers = [line[line.index("# doc") :] for line in prompt.split("\n") if "# doc" in line]
+    assert headers == [f"# {name}" for name in dict.fromkeys(d.document for d in docs)]
     per_doc.prefill(), joined.prefill()
     a, b = per_doc.law(), joined.law()
     scores = per_doc.relevance.scores([])
