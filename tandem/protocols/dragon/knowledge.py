@@ -29,8 +29,8 @@ class RetrievedDoc:
     doc_id: str  # "<document>#<position>"
     text: str
     score: float  # retrieval cosine similarity
-    document: str = ""  # the chunk's document id
-    position: int = 0  # the chunk's index within its document
+    document: str  # the chunk's document id
+    position: int  # the chunk's index within its document
 
 
 @dataclass
