@@ -94,8 +94,11 @@ def serve(
         modes.append("rapid")
     long_text = _read_long_context(s.long_context) if s.long_context else None
     CloudServer(cloud_resources(None, batching=False), modes=modes)  # bad --mode: fail fast
-    if s.log_format == "text":
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    if s.log_format == "text":  # tandem's own records; other libraries' warnings only (faiss's
+        # loader logs each SIMD build it tries, "Could not load library with AVX512 support ...
+        # ModuleNotFoundError", at INFO: no error, but it read like one at the top of the log)
+        logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+        logging.getLogger("tandem").setLevel(logging.INFO)
     torch.set_num_threads(s.threads)
     lm = load_model(s.model, backend=s.backend)
     link = LinkConfig(delay_ms=s.delay) if s.delay else None

@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import urllib.request
+from pathlib import Path
 
 SECRET = "cli-secret"
 
@@ -58,3 +59,26 @@ def test_cloud_serve_config_flags_metrics_and_json_logs(tmp_path):
     records = [json.loads(x) for x in err.splitlines() if x.startswith("{")]  # --log-format json
     assert [r["event"] for r in records] == ["session_start", "session_end", "session_refused"]
     assert records[1]["tokens"] == 12 and records[2]["refusal"] == "max_context"
+
+
+def test_text_logs_hold_tandem_records_and_only_other_libraries_warnings():
+    """Text logs (the default) show tandem's session records; faiss's loader, which logs each
+    SIMD build it tries at INFO ("Could not load library with AVX512 support ..."), stays out."""
+    notes = Path(__file__).resolve().parents[2] / "examples" / "private-notes"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from tandem.cli import main; main()", "cloud", "serve",
+         "--model", "tiny-qwen2-b", "--corpus", str(notes), "--port", "0", "--secret", SECRET],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        line = proc.stdout.readline()
+        assert "tiny-qwen2-b serving" in line, proc.stderr.read() if proc.poll() else line
+        port = line.strip().rsplit(":", 1)[1]
+        served = tandem("device", "run", "--model", "tiny-qwen2", "--raw", "-p", "hi", "-n", "4",
+                        "--port", port, "--secret", SECRET)  # fmt: skip
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=30)
+    assert served.returncode == 0, served.stderr
+    assert "tandem.cloud session_start" in err and "session_end" in err, err
+    assert "faiss" not in err and "Could not load library" not in err, err
