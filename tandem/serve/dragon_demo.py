@@ -29,6 +29,7 @@ from tandem.errors import TandemError
 from tandem.protocols.decoding import OnToken, after_tokens
 from tandem.protocols.dragon.setup import ensure_index, load_side, set_threads
 from tandem.serve.dragon_session import emulated_link, run_device_session
+from tandem.testbed import cpus
 from tandem.transport import loop as event_loop
 
 DEFAULT_QUESTION = (
@@ -93,40 +94,41 @@ def run_demo(
     on_status("preparing indexes (built once, then cached)")
     public_index = ensure_index(public_corpus, tokenizer=tokenizer, tokenizer_name=model)
     ensure_index(str(private_corpus), tokenizer=tokenizer, tokenizer_name=model)
-    set_threads(threads, role="device")  # after indexing: device and cloud get their own cores
-    workdir = Path(tempfile.mkdtemp(prefix="tandem-demo-"))
-    ready, log = workdir / "cloud.json", workdir / "cloud.log"
-    secret = secrets.token_hex(16)
-    env = {**os.environ, "TANDEM_SECRET": secret}
-    command = [
-        sys.executable, "-m", "tandem.serve.dragon_session",
-        "--corpus", str(public_index), "--model", model, "--listen", "127.0.0.1:0",
-        "--ready-file", str(ready), "--docs", str(config.docs_per_side),
-        "--threads", str(threads), "--role", "cloud", "--delay-ms", str(delay_ms),
-    ]  # fmt: skip
-    on_status("starting the cloud process (public corpus: stdlib docstrings)")
-    with open(log, "wb") as log_file:
-        child = subprocess.Popen(command, env=env, stdout=log_file, stderr=subprocess.STDOUT)
-    try:
-        on_status("loading the device side (private corpus) and profiling decode latency")
-        setup = load_side(corpus=str(private_corpus), model=model, docs=config.docs_per_side)
-        address = _wait_ready(child, ready, log)
-        on_status(f"cloud ready on {address['host']}:{address['port']} (pid {address['pid']})")
-        # a crash after `kill_cloud_after` tokens: the socket closes without a goodbye
-        token_seen = after_tokens(on_token, kill_cloud_after, child.kill)
+    with cpus.restored():  # the caller's cores and threads, after
+        set_threads(threads, role="device")  # after indexing: device and cloud get their own cores
+        workdir = Path(tempfile.mkdtemp(prefix="tandem-demo-"))
+        ready, log = workdir / "cloud.json", workdir / "cloud.log"
+        secret = secrets.token_hex(16)
+        env = {**os.environ, "TANDEM_SECRET": secret}
+        command = [
+            sys.executable, "-m", "tandem.serve.dragon_session",
+            "--corpus", str(public_index), "--model", model, "--listen", "127.0.0.1:0",
+            "--ready-file", str(ready), "--docs", str(config.docs_per_side),
+            "--threads", str(threads), "--role", "cloud", "--delay-ms", str(delay_ms),
+        ]  # fmt: skip
+        on_status("starting the cloud process (public corpus: stdlib docstrings)")
+        with open(log, "wb") as log_file:
+            child = subprocess.Popen(command, env=env, stdout=log_file, stderr=subprocess.STDOUT)
+        try:
+            on_status("loading the device side (private corpus) and profiling decode latency")
+            setup = load_side(corpus=str(private_corpus), model=model, docs=config.docs_per_side)
+            address = _wait_ready(child, ready, log)
+            on_status(f"cloud ready on {address['host']}:{address['port']} (pid {address['pid']})")
+            # a crash after `kill_cloud_after` tokens: the socket closes without a goodbye
+            token_seen = after_tokens(on_token, kill_cloud_after, child.kill)
 
-        return event_loop.run(
-            run_device_session(
-                setup,
-                address["host"],
-                int(address["port"]),
-                question=question,
-                config=config,
-                on_token=token_seen,
-                link=emulated_link(delay_ms),
-                secret=secret.encode(),
+            return event_loop.run(
+                run_device_session(
+                    setup,
+                    address["host"],
+                    int(address["port"]),
+                    question=question,
+                    config=config,
+                    on_token=token_seen,
+                    link=emulated_link(delay_ms),
+                    secret=secret.encode(),
+                )
             )
-        )
-    finally:
-        _stop(child)
-        shutil.rmtree(workdir, ignore_errors=True)  # a failure's message holds the log's tail
+        finally:
+            _stop(child)
+            shutil.rmtree(workdir, ignore_errors=True)  # a failure's message holds the log's tail

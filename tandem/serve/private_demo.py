@@ -75,39 +75,42 @@ def run_private_demo(
     with log.open("wb") as sink:
         child = subprocess.Popen(cpus.pinned_argv(plan["cloud"], argv), stdin=subprocess.DEVNULL,
                                  stdout=sink, stderr=subprocess.STDOUT)  # fmt: skip
-    try:
-        # pinned before the model loads: llama.cpp takes one thread per core of the set it
-        # sees then (loaded on both cores and pinned to one after, its two threads spun in an
-        # OpenMP barrier on the one core and the demo stopped mid-answer)
-        cpus.pin(plan["device"])
-        device_lm = load_model(DEVICE_MODEL, progress=False)
-        transport = TransportConfig.for_model(
-            device_lm,
-            role="device",
-            secret=secret,
-            link=LinkConfig(delay_ms=delay_ms) if delay_ms else None,
-        )
-        knowledge = Knowledge.from_index(index)
-        on_status(f"device: {DEVICE_MODEL} with the private notes on cores {plan['device']}")
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while not event_loop.run(probe_cloud("127.0.0.1", port, transport)):
-            if child.poll() is not None or time.monotonic() > deadline:
-                tail = log.read_text(errors="replace")[-1500:]
-                raise TandemError(f"the cloud process did not start: {tail.strip()}")
-            time.sleep(1.0)
-
-        async def main():
-            channel = await connect("127.0.0.1", port, config=transport)
-            return await run_private_device(
-                channel, device_lm, knowledge, question, config, docs=docs, on_token=on_token
-            )
-
-        return event_loop.run(main())
-    finally:
-        child.terminate()
+    with cpus.restored():  # the caller's cores and threads, after
         try:
-            child.wait(15)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
-        shutil.rmtree(log.parent, ignore_errors=True)  # a failure's message holds the log's tail
+            # pinned before the model loads: llama.cpp takes one thread per core of the set it
+            # sees then (loaded on both cores and pinned to one after, its two threads spun in an
+            # OpenMP barrier on the one core and the demo stopped mid-answer)
+            cpus.pin(plan["device"])
+            device_lm = load_model(DEVICE_MODEL, progress=False)
+            transport = TransportConfig.for_model(
+                device_lm,
+                role="device",
+                secret=secret,
+                link=LinkConfig(delay_ms=delay_ms) if delay_ms else None,
+            )
+            knowledge = Knowledge.from_index(index)
+            on_status(f"device: {DEVICE_MODEL} with the private notes on cores {plan['device']}")
+            deadline = time.monotonic() + READY_TIMEOUT_S
+            while not event_loop.run(probe_cloud("127.0.0.1", port, transport)):
+                if child.poll() is not None or time.monotonic() > deadline:
+                    tail = log.read_text(errors="replace")[-1500:]
+                    raise TandemError(f"the cloud process did not start: {tail.strip()}")
+                time.sleep(1.0)
+
+            async def main():
+                channel = await connect("127.0.0.1", port, config=transport)
+                return await run_private_device(
+                    channel, device_lm, knowledge, question, config, docs=docs, on_token=on_token
+                )
+
+            return event_loop.run(main())
+        finally:
+            child.terminate()
+            try:
+                child.wait(15)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+            shutil.rmtree(
+                log.parent, ignore_errors=True
+            )  # a failure's message holds the log's tail

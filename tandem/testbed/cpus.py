@@ -17,6 +17,7 @@ Words used here:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import threading
@@ -125,6 +126,21 @@ def pin(cores: Iterable[int]) -> list[int]:
     except ImportError:  # pragma: no cover - torch is a dependency
         pass
     return wanted
+
+
+@contextlib.contextmanager
+def restored():
+    """Give the calling thread back its cpu set and torch its thread count on leaving: for code
+    that pins the process it runs in for a while (the demos, called from a test or a notebook,
+    left it on the device's core)."""
+    import torch
+
+    cores, threads = available(), torch.get_num_threads()
+    try:
+        yield
+    finally:
+        pin_thread(cores)
+        torch.set_num_threads(threads)
 
 
 def pin_role(role: str, cores: Iterable[int] | None = None) -> list[int]:

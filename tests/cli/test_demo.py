@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 
 import pytest
@@ -20,7 +21,9 @@ def test_the_dragon_demo_runs_end_to_end_and_leaves_no_folder(tmp_path, monkeypa
     scratch.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     out = tmp_path / "report.json"
+    cores = os.sched_getaffinity(0)
     result = CliRunner().invoke(app, ["demo", "-n", "12", "--json", str(out)])
+    assert os.sched_getaffinity(0) == cores  # the demo pinned itself for a while, then let go
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
     assert report["new_tokens"] >= 1 and report["finish_reason"] in ("length", "eos")

@@ -4,6 +4,7 @@ model loads, and (slow) `tandem demo --mode private-spec` end to end with the re
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from typer.testing import CliRunner
@@ -48,7 +49,9 @@ def test_demo_private_spec_end_to_end(tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     out = tmp_path / "report.json"
     args = ["demo", "--mode", "private-spec", "-n", "12", "--json", str(out)]
+    cores = os.sched_getaffinity(0)
     result = CliRunner().invoke(app, args)
+    assert os.sched_getaffinity(0) == cores  # the demo pinned itself for a while, then let go
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
     assert report["mode"] == "private-spec" and len(report["tokens"]) >= 1

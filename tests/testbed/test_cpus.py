@@ -57,6 +57,18 @@ def test_pin_role_sets_affinity_and_threads_and_rejects_unknown_roles():
         cpus.pin_role("edge")
 
 
+def test_restored_gives_back_the_set_and_the_thread_count_even_after_an_error():
+    import torch
+
+    before, threads = os.sched_getaffinity(0), torch.get_num_threads()
+    with pytest.raises(RuntimeError, match="inside"), cpus.restored():
+        cpus.pin(sorted(before)[:1])
+        torch.set_num_threads(threads + 1)
+        assert len(os.sched_getaffinity(0)) == 1
+        raise RuntimeError("inside")
+    assert os.sched_getaffinity(0) == before and torch.get_num_threads() == threads
+
+
 def _two_cores() -> list[int]:
     """Two cores this process may use (the tests that tell sets apart need them)."""
     cores = cpus.available()
