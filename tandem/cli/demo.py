@@ -238,7 +238,7 @@ def _private_spec_demo(question, eta, max_new_tokens, temperature, seed, docs, p
 
     from tandem.models.registry import load_tokenizer
     from tandem.protocols.decoding import text_stream
-    from tandem.protocols.private_spec import private_config
+    from tandem.protocols.private_spec import private_config, sources
     from tandem.protocols.spec.stats import summary_table
     from tandem.serve.dragon_demo import DEFAULT_QUESTION, default_private_corpus
     from tandem.serve.private_demo import run_private_demo
@@ -261,8 +261,7 @@ def _private_spec_demo(question, eta, max_new_tokens, temperature, seed, docs, p
     print()
     Console().print(summary_table(report))
     Console().print(
-        f"private chunks (stayed on the device): {', '.join(report.docs) or 'none'}\n"
-        f"public chunks (the cloud's): {', '.join(report.cloud.get('public_docs', [])) or '?'}\n"
+        f"{sources(report)}\n"
         f"uplink payload: {report.payload_bits / max(1, report.drafts_sent):.0f} bits per draft"
     )
     if json_out is not None:

@@ -123,6 +123,7 @@ def run(
     from tandem.baselines.spec_baselines import run_device_only
     from tandem.models.registry import load_model
     from tandem.protocols.decoding import text_stream
+    from tandem.protocols.private_spec import sources
     from tandem.protocols.spec.config import PIPELINES, SpecConfig, device_codec
     from tandem.protocols.spec.stats import summary_table
     from tandem.serve.api.backends import GenParams, device_pipeline, protocol_pipeline
@@ -197,6 +198,8 @@ def run(
     print()
     if result.report is not None:
         console.print(summary_table(result.report))
+        if mode == "private-spec":
+            console.print(sources(result.report), highlight=False)
     record = {"mode": mode, "tokens": result.tokens, "finish_reason": result.finish_reason,
               "total_s": elapsed, "degraded": result.degraded}  # fmt: skip
     if (controller := getattr(backend, "controller", None)) is not None:

@@ -105,6 +105,16 @@ async def run_private_device(
     return report
 
 
+def sources(report) -> str:
+    """Two lines for a private-spec `SpecReport`: the chunks each side retrieved (the device's
+    never left it; the cloud names its own in its stats)."""
+    public = report.cloud.get("public_docs", [])
+    return (
+        f"private chunks (stayed on the device): {', '.join(report.docs) or 'none'}\n"
+        f"public chunks (the cloud's): {', '.join(public) or '?'}"
+    )
+
+
 def parse_private_start(msg) -> tuple[SpecConfig, str, int]:
     """(config, question, docs) of a private-spec start message; ValueError if bad."""
     config, _question_ids, mode = parse_start(msg)
