@@ -20,19 +20,27 @@ def tandem(*args: str) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
+def cloud_serve(*args: str) -> tuple[subprocess.Popen, str]:
+    """A `tandem cloud serve` process and the port it serves on (its first stdout line)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from tandem.cli import main; main()", "cloud", "serve", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    line = proc.stdout.readline()
+    if "tiny-qwen2-b serving" not in line:
+        proc.kill()
+        raise AssertionError(proc.communicate(timeout=30)[1] or line)
+    return proc, line.strip().rsplit(":", 1)[1]
+
+
 def test_cloud_serve_config_flags_metrics_and_json_logs(tmp_path):
     config = tmp_path / "tandem.toml"
     config.write_text('[cloud]\nmodel = "tiny-qwen2-b"\nmax_context = 16\nlog_format = "text"\n')
-    proc = subprocess.Popen(
-        [sys.executable, "-c", "from tandem.cli import main; main()", "cloud", "serve",
-         "--config", str(config), "--port", "0", "--secret", SECRET, "--metrics-port", "0",
-         "--log-format", "json", "--batch-window-ms", "1"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    proc, port = cloud_serve(
+        "--config", str(config), "--port", "0", "--secret", SECRET, "--metrics-port", "0",
+        "--log-format", "json", "--batch-window-ms", "1",
     )  # fmt: skip
     try:
-        line = proc.stdout.readline()
-        assert "tiny-qwen2-b serving" in line, proc.stderr.read() if proc.poll() else line
-        port = line.strip().rsplit(":", 1)[1]
         metrics_url = proc.stdout.readline().split(" on ", 1)[1].strip()
 
         def device(n: int) -> subprocess.CompletedProcess:
@@ -65,15 +73,10 @@ def test_text_logs_hold_tandem_records_and_only_other_libraries_warnings():
     """Text logs (the default) show tandem's session records; faiss's loader, which logs each
     SIMD build it tries at INFO ("Could not load library with AVX512 support ..."), stays out."""
     notes = Path(__file__).resolve().parents[2] / "examples" / "private-notes"
-    proc = subprocess.Popen(
-        [sys.executable, "-c", "from tandem.cli import main; main()", "cloud", "serve",
-         "--model", "tiny-qwen2-b", "--corpus", str(notes), "--port", "0", "--secret", SECRET],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    proc, port = cloud_serve(
+        "--model", "tiny-qwen2-b", "--corpus", str(notes), "--port", "0", "--secret", SECRET
+    )
     try:
-        line = proc.stdout.readline()
-        assert "tiny-qwen2-b serving" in line, proc.stderr.read() if proc.poll() else line
-        port = line.strip().rsplit(":", 1)[1]
         served = tandem("device", "run", "--model", "tiny-qwen2", "--raw", "-p", "hi", "-n", "4",
                         "--port", port, "--secret", SECRET)  # fmt: skip
     finally:
