@@ -121,9 +121,8 @@ def run(
         shared=["the delay proxy (the wire, not pinned)",
                 "the test programs, run after generation on the device's cores"],
     )  # fmt: skip
-    affinity, threads = cpus.available(), _torch_threads()
     started = time.perf_counter()
-    try:
+    with cpus.restored():  # the device pins this process while it generates
         lm, runs = _generate_all(chosen, modes, config, machines, rtt_ms, rate_mbit,
                                  device_model, cloud_model, console)  # fmt: skip
         wall_generation = time.perf_counter() - started
@@ -134,9 +133,6 @@ def run(
         if margins and exactness["divergences"]:
             _margins(exactness["divergences"], runs, ids, cloud_model, console)
         agreement = _agreement(lm, runs, ids) if "ar" in modes and temperature == 0 else {}
-    finally:
-        cpus.pin(affinity)
-        _torch_threads(threads)
     table = _aggregate(runs, modes)
     payload = {
         "benchmark": "humaneval",
@@ -316,14 +312,6 @@ class _Generator:
                           decode_per_token=0.6 * t_ar, rtt=self.rtt_ms / 1e3)  # fmt: skip
             self.controller = Controller(prior=prior, alpha=0.8)
         return self.controller
-
-
-def _torch_threads(value: int | None = None) -> int:
-    import torch
-
-    if value is not None:
-        torch.set_num_threads(value)
-    return torch.get_num_threads()
 
 
 def _record(problem: dict, mode: str, report) -> dict:

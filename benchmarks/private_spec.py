@@ -78,18 +78,15 @@ def run(
         "process, pinned before its model loads",
         shared=["the delay proxy (the wire, not pinned)"],
     )
-    affinity = cpus.available()
     started = time.perf_counter()
     records: list[dict] = []
-    try:
+    with cpus.restored():  # the device is this process, pinned while it runs
         cpus.pin(machines.cpus["device"])
         device = _Device(docs, eta, max_new_tokens)
         for number, rtt in enumerate(rtts):  # accuracy: all at the first RTT; then latency
             subset = tasks if number == 0 or not latency_questions else tasks[:latency_questions]
             records += _one_rtt(device, subset, methods, rtt, machines, console)
         machines.observed["device"] = cpus.machine_state(device.lm)
-    finally:
-        cpus.pin(affinity)
     table = _aggregate(records, methods, rtts)
     payload = {
         "benchmark": "private_spec",

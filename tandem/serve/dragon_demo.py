@@ -61,7 +61,8 @@ def _tail(log: Path) -> str:
     return log.read_text(errors="replace")[-2000:].strip() if log.is_file() else ""
 
 
-def _stop(child: subprocess.Popen) -> None:
+def stop_child(child: subprocess.Popen) -> None:
+    """SIGTERM a demo's cloud child, SIGKILL after 15 s; nothing if it has ended."""
     if child.poll() is None:
         child.send_signal(signal.SIGTERM)
         try:
@@ -130,5 +131,5 @@ def run_demo(
                 )
             )
         finally:
-            _stop(child)
+            stop_child(child)
             shutil.rmtree(workdir, ignore_errors=True)  # a failure's message holds the log's tail

@@ -51,6 +51,7 @@ def run_private_demo(
     from tandem.protocols.dragon.setup import ensure_index
     from tandem.protocols.private_spec import run_private_device
     from tandem.serve.api.backends import probe_cloud
+    from tandem.serve.dragon_demo import stop_child
     from tandem.testbed import cpus
     from tandem.transport import LinkConfig, TransportConfig, connect
 
@@ -105,12 +106,5 @@ def run_private_demo(
 
             return event_loop.run(main())
         finally:
-            child.terminate()
-            try:
-                child.wait(15)
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait()
-            shutil.rmtree(
-                log.parent, ignore_errors=True
-            )  # a failure's message holds the log's tail
+            stop_child(child)
+            shutil.rmtree(log.parent, ignore_errors=True)  # a failure's message holds its tail
