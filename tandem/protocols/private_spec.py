@@ -41,7 +41,7 @@ import weakref
 from tandem.errors import TandemError
 from tandem.models.base import CausalLM, Tokenizer
 from tandem.protocols.decoding import OnToken
-from tandem.protocols.dragon.knowledge import Knowledge, RetrievedDoc
+from tandem.protocols.dragon.knowledge import Knowledge, joined_context
 from tandem.protocols.pair import run_in_process
 from tandem.protocols.rapid.prompts import render
 from tandem.protocols.spec import wire
@@ -68,15 +68,15 @@ def private_config(**overrides) -> SpecConfig:
     return SpecConfig(**{**base, **overrides})
 
 
-def rag_prompt(tokenizer: Tokenizer, docs: list[RetrievedDoc], question: str) -> list[int]:
-    """One side's prompt: its retrieved chunks, then the question (chat template)."""
-    context = "\n\n".join(doc.text for doc in docs)
+def rag_prompt(tokenizer: Tokenizer, context: str, question: str) -> list[int]:
+    """One side's prompt: its context (`joined_context` of its filled chunks), then the
+    question (chat template)."""
     return render(tokenizer, TEMPLATE.format(context=context, question=question))
 
 
 def question_prompt(tokenizer: Tokenizer, question: str) -> list[int]:
     """What the start message carries: the question alone (the prompt without documents)."""
-    return rag_prompt(tokenizer, [], question)
+    return rag_prompt(tokenizer, "", question)
 
 
 async def run_private_device(
@@ -93,15 +93,15 @@ async def run_private_device(
     """The device side: retrieve, draft with the private chunks, let the cloud verify."""
     if not question.strip():
         raise TandemError("private-spec: the question is empty")
-    retrieved = knowledge.retrieve(question, docs)
-    prompt = rag_prompt(lm.tokenizer, retrieved, question)
+    used = knowledge.filled(knowledge.retrieve(question, docs))
+    prompt = rag_prompt(lm.tokenizer, joined_context(used), question)
     question_ids = question_prompt(lm.tokenizer, question)
     start = wire.start_message(MODE, config.to_json(), question_ids, question=question, docs=docs)
     report = await run_device(
         channel, lm, prompt, config, on_token=on_token, close=close, start=start
     )
     report.mode = MODE
-    report.docs = [doc.doc_id for doc in retrieved]
+    report.docs = [doc.doc_id for doc in used]
     return report
 
 
@@ -151,9 +151,9 @@ async def serve_private_session(
         with contextlib.suppress(TransportError):
             await channel.send(wire.error_message(f"bad start message: {exc}"))
         return None
-    retrieved = knowledge.retrieve(question, docs)
-    prompt = rag_prompt(lm.tokenizer, retrieved, question)
-    stats = {"public_docs": [doc.doc_id for doc in retrieved]}
+    used = knowledge.filled(knowledge.retrieve(question, docs))
+    prompt = rag_prompt(lm.tokenizer, joined_context(used), question)
+    stats = {"public_docs": [doc.doc_id for doc in used]}
     return await run_session(
         channel, lm, config, prompt, batcher=batcher, observer=observer, live=live, stats=stats
     )

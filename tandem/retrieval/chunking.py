@@ -57,6 +57,10 @@ class Chunk:
     text: str
     source: str
     meta: Mapping[str, Any] = field(default_factory=dict)
+    # The whitespace the cut left out between the previous chunk and this one (before the first:
+    # the document's own leading whitespace), so adjacent chunks join back into the document
+    # text; None where the two overlap, or for an index written before chunks carried it.
+    lead: str | None = None
 
 
 def chunk_key(text: str, params: ChunkParams, tokenizer_fingerprint: str) -> str:
@@ -158,8 +162,11 @@ def chunk_document(
     fingerprint = tokenizer.fingerprint
     spans = chunk_spans(doc.text, tokenizer, params, count=count)
     chunks = []
+    previous_end = 0
     for position, (start, end, n_tokens) in enumerate(spans):
         text = doc.text[start:end]
+        lead = doc.text[previous_end:start] if previous_end <= start else None
+        previous_end = end
         chunks.append(
             Chunk(
                 key=chunk_key(text, params, fingerprint),
@@ -171,6 +178,7 @@ def chunk_document(
                 text=text,
                 source=doc.source,
                 meta=doc.meta,
+                lead=lead,
             )
         )
     return chunks

@@ -30,11 +30,14 @@ CREATE TABLE chunks (
     n_tokens INTEGER NOT NULL,
     text TEXT NOT NULL,
     source TEXT NOT NULL,
-    meta TEXT NOT NULL
+    meta TEXT NOT NULL,
+    lead TEXT
 );
 CREATE INDEX chunks_doc ON chunks (doc_id, position);
 """
-COLUMNS = "key, doc_id, position, start, end, n_tokens, text, source, meta"
+COLUMNS = "key, doc_id, position, start, end, n_tokens, text, source, meta, lead"
+# A docstore written before chunks carried `lead` has no such column: read as NULL (unknown).
+COLUMNS_WITHOUT_LEAD = COLUMNS.replace(", lead", ", NULL")
 
 
 def write_docstore(path: Path, chunks: Iterable[Chunk]) -> int:
@@ -54,11 +57,12 @@ def write_docstore(path: Path, chunks: Iterable[Chunk]) -> int:
                 c.text,
                 c.source,
                 json.dumps(dict(c.meta), sort_keys=True),
+                c.lead,
             )
             for i, c in enumerate(chunks)
         )
         connection.executemany(
-            f"INSERT INTO chunks (row, {COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?)", rows
+            f"INSERT INTO chunks (row, {COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?)", rows
         )
         connection.commit()
         (count,) = connection.execute("SELECT COUNT(*) FROM chunks").fetchone()
@@ -68,7 +72,7 @@ def write_docstore(path: Path, chunks: Iterable[Chunk]) -> int:
 
 
 def _chunk(record: tuple) -> Chunk:
-    key, doc_id, position, start, end, n_tokens, text, source, meta = record
+    key, doc_id, position, start, end, n_tokens, text, source, meta, lead = record
     return Chunk(
         key=key,
         doc_id=doc_id,
@@ -79,6 +83,7 @@ def _chunk(record: tuple) -> Chunk:
         text=text,
         source=source,
         meta=json.loads(meta),
+        lead=lead,
     )
 
 
@@ -102,9 +107,11 @@ class DocStore:
         self.connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
         try:
             len(self)  # SQLite reads the file lazily: fail here, not at the first search
+            names = {r[1] for r in self._rows("PRAGMA table_info(chunks)")}
         except TandemError:
             self.connection.close()
             raise
+        self.columns = COLUMNS if "lead" in names else COLUMNS_WITHOUT_LEAD
 
     def _rows(self, sql: str, params: Sequence = ()) -> list[tuple]:
         try:
@@ -125,7 +132,8 @@ class DocStore:
         found = {
             r[0]: _chunk(r[1:])
             for r in self._rows(
-                f"SELECT row, {COLUMNS} FROM chunks WHERE row IN ({marks})", [int(r) for r in rows]
+                f"SELECT row, {self.columns} FROM chunks WHERE row IN ({marks})",
+                [int(r) for r in rows],
             )
         }
         missing = [r for r in rows if r not in found]
@@ -135,14 +143,25 @@ class DocStore:
 
     def all(self) -> list[Chunk]:
         """Every chunk, by row."""
-        return [_chunk(r) for r in self._rows(f"SELECT {COLUMNS} FROM chunks ORDER BY row")]
+        return [_chunk(r) for r in self._rows(f"SELECT {self.columns} FROM chunks ORDER BY row")]
 
     def document(self, doc_id: str) -> list[Chunk]:
         """The chunks of one document, in position order."""
         return [
             _chunk(r)
             for r in self._rows(
-                f"SELECT {COLUMNS} FROM chunks WHERE doc_id = ? ORDER BY position", (doc_id,)
+                f"SELECT {self.columns} FROM chunks WHERE doc_id = ? ORDER BY position", (doc_id,)
+            )
+        ]
+
+    def between(self, doc_id: str, after: int, before: int) -> list[Chunk]:
+        """The chunks of one document at positions after < p < before, in position order."""
+        return [
+            _chunk(r)
+            for r in self._rows(
+                f"SELECT {self.columns} FROM chunks WHERE doc_id = ? AND position > ? AND position < ?"
+                " ORDER BY position",
+                (doc_id, int(after), int(before)),
             )
         ]
 

@@ -11,12 +11,18 @@ Words used here:
 - *joined context* (`joined_in_document_order`): several retrieved chunks as one text for one
   prompt, each document's chunks in the order they stand in it, under a line naming the
   document, with `GAP` where chunks between two retrieved ones were left out.
+- *small gap*: at most `FILL_GAP` chunks of one document left out between two of its retrieved
+  chunks; a joined context puts them back (`small_gaps`, `Retriever.between`), so a function
+  or a paragraph split across three chunks, of which retrieval found the outer two, reads
+  whole (the private-spec README question "Which base delay ...?" got `backoff.py#0` and
+  `#2`, and the answer invented the delay that stands in `#1`).
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -31,10 +37,13 @@ HNSW_EF_SEARCH = 64
 
 Hit = tuple[Chunk, float]
 GAP = "..."  # the line that stands for the chunks left out between two retrieved ones
+FILL_GAP = 1  # a joined context puts back runs of at most this many left-out chunks
 
 
 class ChunkLookup(Protocol):
     def get(self, rows: list[int]) -> list[Chunk]: ...
+
+    def between(self, doc_id: str, after: int, before: int) -> list[Chunk]: ...
 
 
 class ListLookup:
@@ -45,6 +54,11 @@ class ListLookup:
 
     def get(self, rows: list[int]) -> list[Chunk]:
         return [self.chunks[r] for r in rows]
+
+    def between(self, doc_id: str, after: int, before: int) -> list[Chunk]:
+        """The chunks of `doc_id` at positions after < p < before, by position."""
+        inside = (c for c in self.chunks if c.doc_id == doc_id and after < c.position < before)
+        return sorted(inside, key=lambda c: c.position)
 
 
 def make_faiss_index(kind: str, vectors: np.ndarray) -> Any:  # vectors: [n, dim] unit rows
@@ -124,6 +138,10 @@ class Retriever:
             results.append([(chunk, score) for chunk, (_, score) in zip(chunks, keep, strict=True)])
         return results
 
+    def between(self, doc_id: str, after: int, before: int) -> list[Chunk]:
+        """The chunks of document `doc_id` at positions after < p < before, by position."""
+        return self.lookup.between(doc_id, after, before)
+
     def vectors(self, rows: list[int]) -> np.ndarray:  # [len(rows), dim]
         return (
             np.stack([self.index.reconstruct(int(r)) for r in rows])
@@ -151,25 +169,58 @@ def select_context(
     return chosen
 
 
-def joined_in_document_order(pieces: Sequence[tuple[str, int, str]]) -> str:
-    """One text of retrieved chunks, given as (document id, position in it, text): grouped by
-    document in the order each first appears, a document's chunks by position, a
-    `# <document id>` line before each document and a `GAP` line between two of its chunks
-    that were not next to each other. Chunks are cut at any whitespace, mid-line too, so two
-    far-apart chunks joined as they are read as one text (the DRAGON demo's answer copied
+class Piece(NamedTuple):
+    """A chunk as a joined context needs it."""
+
+    document: str  # its document's id
+    position: int  # its index within the document
+    text: str
+    lead: str | None = None  # `Chunk.lead`: None joins it to the chunk before it by a newline
+
+
+def small_gaps(pieces: Sequence[Piece], most: int) -> list[tuple[str, int, int]]:
+    """(document, after, before) for each run of 1..`most` positions of one document that lies
+    between two of `pieces` and holds none of them."""
+    held: dict[str, set[int]] = {}
+    for piece in pieces:
+        held.setdefault(piece.document, set()).add(piece.position)
+    gaps = []
+    for document, positions in held.items():
+        ordered = sorted(positions)
+        gaps += [
+            (document, after, before)
+            for after, before in itertools.pairwise(ordered)
+            if 1 <= before - after - 1 <= most
+        ]
+    return gaps
+
+
+def joined_in_document_order(pieces: Sequence[Piece]) -> str:
+    """One text of retrieved chunks: grouped by document in the order each first appears, a
+    document's chunks by position, a `# <document id>` line before each document and a `GAP`
+    line between two of its chunks that were not next to each other. Chunks next to each
+    other are joined by the whitespace the cut left out (`Piece.lead`), so they read as the
+    document did, indentation and all; a chunk after a header or a gap line keeps its first
+    line's indentation. Chunks are cut at any whitespace, mid-line too, so two far-apart chunks
+    joined as they are read as one text (the DRAGON demo's answer copied
     `retry_async(call, *, attempts=5,` straight into the `PermanentError:` of a chunk two
-    further on)."""
+    further on); adjacent chunks joined by a newline broke a line in two (`except` /
+    `PermanentError:`)."""
     first_seen: dict[str, int] = {}
-    for document, _, _ in pieces:
-        first_seen.setdefault(document, len(first_seen))
-    ordered = sorted(pieces, key=lambda piece: (first_seen[piece[0]], piece[1]))
-    lines: list[str] = []
-    previous: tuple[str, int] | None = None
-    for document, position, text in ordered:
-        if previous is None or previous[0] != document:
-            lines.append(f"# {document}")
-        elif position != previous[1] + 1:
-            lines.append(GAP)
-        lines.append(text.strip("\n"))
-        previous = (document, position)
-    return "\n".join(lines)
+    for piece in pieces:
+        first_seen.setdefault(piece.document, len(first_seen))
+    ordered = sorted(pieces, key=lambda piece: (first_seen[piece.document], piece.position))
+    parts: list[str] = []
+    previous: Piece | None = None
+    for piece in ordered:
+        text = piece.text.strip("\n")
+        adjacent = previous is not None and previous.document == piece.document
+        if adjacent and piece.position == previous.position + 1:
+            parts.append(("\n" if piece.lead is None else piece.lead) + text)
+        else:
+            opening = GAP if adjacent else f"# {piece.document}"
+            lead = piece.lead or ""
+            indent = lead.rpartition("\n")[2] if "\n" in lead else ""
+            parts.append(("\n" if parts else "") + f"{opening}\n{indent}{text}")
+        previous = piece
+    return "".join(parts)

@@ -96,6 +96,23 @@ def test_chunk_document_keys_and_offsets():
     assert chunks[0].text == other[0].text and chunks[0].key != other[0].key
 
 
+def test_leads_join_the_chunks_back_into_the_document():
+    code = (
+        '"""Retry."""\n\nimport asyncio\n\n\nasync def retry(call, *, attempts=5, base=0.5):\n'
+        "    for attempt in range(attempts):\n        try:\n            return await call()\n"
+        "        except PermanentError:\n            raise\n"
+    ) * 3
+    doc = Document(doc_id="d", text="\n  " + code, source="s")
+    chunks = chunk_document(doc, ByteTokenizer(), ChunkParams(chunk_tokens=24))
+    assert len(chunks) > 10 and chunks[0].lead == "\n  "
+    assert all(c.lead is not None and not c.lead.strip() for c in chunks)  # whitespace only
+    assert "".join(c.lead + c.text for c in chunks) == doc.text.rstrip()
+    overlapping = chunk_document(doc, ByteTokenizer(), ChunkParams(chunk_tokens=24, overlap=8))
+    pairs = list(zip(overlapping, overlapping[1:], strict=False))
+    assert overlapping[0].lead == "\n  " and any(b.start < a.end for a, b in pairs)
+    assert all((b.lead is None) == (b.start < a.end) for a, b in pairs)  # None: it overlaps
+
+
 def test_short_and_empty_texts():
     tokenizer = ByteTokenizer()
     assert chunk_spans("   \n ", tokenizer, ChunkParams()) == []

@@ -65,6 +65,13 @@ def test_build_writes_index_docstore_manifest_and_searches(tmp_path, notes, embe
     source_text = (notes / chunk.doc_id.split("/", 1)[1]).read_text()
     assert source_text[chunk.start : chunk.end] == chunk.text
     assert leftovers(tmp_path) == []
+    # the docstore gives a document's chunks between two positions, as the index holds them
+    document = retriever.lookup.document("private-notes/snippets/backoff.py")
+    assert len(document) >= 3
+    inside = retriever.between("private-notes/snippets/backoff.py", 0, len(document) - 1)
+    assert inside == document[1:-1]
+    assert retriever.between("private-notes/snippets/backoff.py", 0, 1) == []
+    assert retriever.between("no/such/document", 0, 9) == []
 
 
 def test_rebuild_reuses_vectors_and_only_embeds_changed_chunks(tmp_path):
@@ -364,3 +371,23 @@ def test_a_corpus_of_only_unreadable_files_is_an_error_that_says_so(tmp_path, em
     (src / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
     with pytest.raises(TandemError, match=r"\(2 skipped: unreadable, binary or not UTF-8\)"):
         build([src], tmp_path / "ix", embedder)
+
+
+def test_the_docstore_keeps_each_chunks_lead_and_reads_an_older_one_without(tmp_path, notes):
+    import sqlite3
+
+    from tandem.retrieval.docstore import DocStore
+
+    params = ChunkParams(chunk_tokens=64, overlap=0)
+    build([notes], tmp_path / "ix", HashingEmbedder(32), params=params)
+    retriever = open_index(tmp_path / "ix", embedder=HashingEmbedder(32))
+    chunks = retriever.lookup.document("private-notes/snippets/backoff.py")
+    text = (notes / "snippets" / "backoff.py").read_text()
+    assert len(chunks) > 2 and "".join(c.lead + c.text for c in chunks) == text.rstrip()
+    retriever.lookup.close()
+    with sqlite3.connect(tmp_path / "ix" / DOCSTORE_FILE) as db:  # as written before leads
+        db.execute("ALTER TABLE chunks DROP COLUMN lead")
+    older = DocStore(tmp_path / "ix" / DOCSTORE_FILE)
+    assert [c.text for c in older.document(chunks[0].doc_id)] == [c.text for c in chunks]
+    assert {c.lead for c in older.get(list(range(len(older))))} == {None}
+    older.close()

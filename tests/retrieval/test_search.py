@@ -4,7 +4,14 @@ from tandem.errors import TandemError
 from tandem.models.tiny import ByteTokenizer
 from tandem.retrieval.chunking import ChunkParams, chunk_text
 from tandem.retrieval.embedder import HashingEmbedder
-from tandem.retrieval.search import GAP, Retriever, joined_in_document_order, select_context
+from tandem.retrieval.search import (
+    GAP,
+    Piece,
+    Retriever,
+    joined_in_document_order,
+    select_context,
+    small_gaps,
+)
 
 LONG = " ".join(
     f"Section {i}. "
@@ -43,12 +50,12 @@ def test_select_context_threshold_budget_and_order():
 
 
 def test_joined_context_keeps_each_document_in_order_and_marks_what_was_left_out():
-    pieces = [  # retrieval order: best first
-        ("notes/backoff.py", 0, "async def retry(call, *, attempts=5,"),
-        ("adr/0002.md", 3, "Retry with full jitter."),
-        ("notes/backoff.py", 2, "PermanentError:\n    raise\n"),
-        ("notes/backoff.py", 3, "except TimeoutError:"),
-        ("adr/0002.md", 1, "Context."),
+    pieces = [  # retrieval order: best first; no leads (an index written before them)
+        Piece("notes/backoff.py", 0, "async def retry(call, *, attempts=5,"),
+        Piece("adr/0002.md", 3, "Retry with full jitter."),
+        Piece("notes/backoff.py", 2, "PermanentError:\n    raise\n"),
+        Piece("notes/backoff.py", 3, "except TimeoutError:"),
+        Piece("adr/0002.md", 1, "Context."),
     ]
     text = joined_in_document_order(pieces)
     assert text.split("\n") == [
@@ -57,14 +64,63 @@ def test_joined_context_keeps_each_document_in_order_and_marks_what_was_left_out
         GAP,  # position 1 was not retrieved
         "PermanentError:",
         "    raise",  # a chunk's own newlines stay; only its ends are trimmed
-        "except TimeoutError:",  # 3 follows 2: no gap
+        "except TimeoutError:",  # 3 follows 2 and its lead is unknown: a newline
         "# adr/0002.md",
         "Context.",
         GAP,
         "Retry with full jitter.",
     ]
-    assert joined_in_document_order([("a", 4, "alone")]) == "# a\nalone"
+    assert joined_in_document_order([Piece("a", 4, "alone")]) == "# a\nalone"
     assert joined_in_document_order([]) == ""
+
+
+def test_joined_context_puts_adjacent_chunks_back_together_by_their_leads():
+    source = "def f(x):\n    try:\n        return x\n    except KeyError:\n        raise\n"
+    texts = ["def f(x):", "try:", "return x", "except", "KeyError:\n        raise"]
+    pieces, end = [], 0
+    for position, text in enumerate(texts):  # chunks cut at whitespace, as chunking does
+        start = source.index(text, end)
+        pieces.append(Piece("f.py", position, text, source[end:start]))
+        end = start + len(text)
+    assert pieces[3].lead == "\n    " and pieces[4].lead == " "
+    assert joined_in_document_order(pieces) == "# f.py\n" + source.rstrip()  # as it stood
+    assert joined_in_document_order(pieces[2:]) == (
+        "# f.py\n        return x\n    except KeyError:\n        raise"  # indented as it stood
+    )
+    assert joined_in_document_order([pieces[0], pieces[2], pieces[4]]).split("\n") == [
+        "# f.py",
+        "def f(x):",
+        GAP,
+        "        return x",  # after a gap line: its first line's indentation, from its lead
+        GAP,
+        "KeyError:",  # cut mid-line (its lead holds no newline): nothing to indent by
+        "        raise",
+    ]
+
+
+def test_small_gaps_are_the_short_runs_between_two_retrieved_chunks_of_one_document():
+    places = [("a", 0), ("b", 5), ("a", 2), ("a", 3), ("b", 1), ("a", 7)]
+    pieces = [Piece(document, position, "") for document, position in places]
+    assert small_gaps(pieces, 1) == [("a", 0, 2)]  # a: 0 . 2 3 . . . 7; b: 1 . . . 5
+    assert small_gaps(pieces, 2) == [("a", 0, 2)]
+    assert small_gaps(pieces, 3) == [("a", 0, 2), ("a", 3, 7), ("b", 1, 5)]  # runs of three
+    assert small_gaps(pieces, 0) == []
+    assert small_gaps([Piece("a", 2, ""), Piece("a", 2, "")], 1) == []  # one chunk twice
+    assert small_gaps([], 1) == []
+
+
+def test_between_gives_a_documents_chunks_strictly_inside_the_positions():
+    texts = {"one": LONG, "two": LONG.replace("reactor", "boiler")}
+    chunks = [
+        chunk
+        for doc_id, text in texts.items()
+        for chunk in chunk_text(text, ByteTokenizer(), ChunkParams(chunk_tokens=64), doc_id=doc_id)
+    ]
+    retriever = Retriever.from_chunks(chunks, HashingEmbedder(64))
+    inside = retriever.between("two", 2, 6)
+    assert [(c.doc_id, c.position) for c in inside] == [("two", 3), ("two", 4), ("two", 5)]
+    assert inside[0].text == next(c.text for c in chunks if (c.doc_id, c.position) == ("two", 3))
+    assert retriever.between("two", 2, 3) == [] and retriever.between("three", 0, 9) == []
 
 
 def test_embedder_dimension_mismatch_is_refused():

@@ -5,6 +5,9 @@ Words used here:
   optional document KV store, and how relevance is scored while generating.
 - *retrieved document*: a chunk chosen once for the question (top-k by cosine similarity);
   its KV cache is reused and only its weight changes during decoding (paper Sec. 4.1).
+- *filled*: retrieved chunks plus the few chunks of a document that lie between two of them
+  (`Knowledge.filled`); a context that joins chunks into one text (the side row, the
+  private-spec prompt) holds these, so a function cut into three chunks reads whole.
 
 `build_decoder(...)` is what a side runs at session start: retrieve, lay out one row per
 document (`prompt.RagPrompt`), set up dynamic relevance, return an un-prefilled `DocDecoder`.
@@ -12,6 +15,7 @@ document (`prompt.RagPrompt`), set up dynamic relevance, return an un-prefilled 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,16 +25,17 @@ from tandem.models.base import CausalLM
 from tandem.protocols.dragon.config import DragonConfig
 from tandem.protocols.dragon.decoder import DocDecoder, RelevanceSchedule
 from tandem.protocols.dragon.prompt import RagPrompt
-from tandem.retrieval.search import joined_in_document_order
+from tandem.retrieval.search import FILL_GAP, Piece, joined_in_document_order, small_gaps
 
 
 @dataclass(frozen=True)
 class RetrievedDoc:
     doc_id: str  # "<document>#<position>"
     text: str
-    score: float  # retrieval cosine similarity
+    score: float  # retrieval cosine similarity (nan: put back by `Knowledge.filled`)
     document: str  # the chunk's document id
     position: int  # the chunk's index within its document
+    lead: str | None = None  # `Chunk.lead`: the whitespace before it in its document, if known
 
 
 @dataclass
@@ -80,9 +85,34 @@ class Knowledge:
                 score=score,
                 document=chunk.doc_id,
                 position=chunk.position,
+                lead=chunk.lead,
             )
             for chunk, score in self.retriever.search(question, k)
         ]
+
+    def filled(self, docs: list[RetrievedDoc], *, fill: int = FILL_GAP) -> list[RetrievedDoc]:
+        """`docs` with each run of at most `fill` chunks left out between two retrieved chunks of
+        a document put back from this corpus (score nan: not retrieved), in the order a joined
+        context lays them out (documents by first retrieved chunk, then by position)."""
+        gaps = small_gaps(pieces(docs), fill) if self.retriever is not None else []
+        extra = [
+            RetrievedDoc(f"{c.doc_id}#{c.position}", c.text, math.nan, c.doc_id, c.position, c.lead)
+            for document, after, before in gaps
+            for c in self.retriever.between(document, after, before)
+        ]
+        first: dict[str, int] = {}
+        for d in docs:
+            first.setdefault(d.document, len(first))
+        return sorted(docs + extra, key=lambda d: (first[d.document], d.position))
+
+
+def pieces(docs: list[RetrievedDoc]) -> list[Piece]:
+    return [Piece(d.document, d.position, d.text, d.lead) for d in docs]
+
+
+def joined_context(docs: list[RetrievedDoc]) -> str:
+    """Chunks as one context for one prompt (`retrieval.search.joined_in_document_order`)."""
+    return joined_in_document_order(pieces(docs))
 
 
 def make_scorer(kind: str, knowledge: Knowledge, docs: list[RetrievedDoc], temperature: float):
@@ -109,8 +139,8 @@ def build_decoder(
         prompt.doc_prefix(lm.tokenizer, None)
     ]
     if config.rows == "side" and len(docs) > 1:  # one row holding every document
-        pieces = [(d.document, d.position, d.text) for d in docs]
-        prefixes = [prompt.doc_prefix(lm.tokenizer, joined_in_document_order(pieces))]
+        context = joined_context(knowledge.filled(docs))
+        prefixes = [prompt.doc_prefix(lm.tokenizer, context)]
     scorer = make_scorer(config.scorer, knowledge, docs, config.relevance_temperature)
     static = np.array([d.score / config.relevance_temperature for d in docs] or [0.0], np.float32)
     relevance = RelevanceSchedule(

@@ -25,6 +25,9 @@ from tandem.errors import TandemError
 
 CHUNK_TOKENS = 64  # DRAGON's document size (paper Sec. 7.3)
 EMBEDDER = "all-minilm-l6-v2"
+# The cache's chunk layout: "leads" since chunks carry the whitespace before them
+# (`Chunk.lead`); a new tag builds the cached indexes once more so joined contexts get it.
+LAYOUT = "leads"
 
 
 def set_threads(threads: int | None, role: str | None = None) -> None:
@@ -56,7 +59,7 @@ def ensure_index(corpus: str, *, tokenizer, tokenizer_name: str, progress: bool 
         if not path.exists():
             raise TandemError(f"corpus {corpus!r} not found (a folder, an index or 'stdlib')")
         corpus = str(path.resolve())
-    tag = f"{corpus}:{CHUNK_TOKENS}:{tokenizer.fingerprint}:{EMBEDDER}"
+    tag = f"{corpus}:{CHUNK_TOKENS}:{tokenizer.fingerprint}:{EMBEDDER}:{LAYOUT}"
     name = f"{Path(corpus).name}-{hashlib.sha256(tag.encode()).hexdigest()[:12]}"
     out = tandem_home() / "indexes" / name
     if out.exists():

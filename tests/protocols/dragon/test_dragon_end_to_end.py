@@ -313,6 +313,34 @@ def test_one_row_per_side_holds_every_document_and_keeps_the_side_weight(corpora
     torch.testing.assert_close(b.probs, expected)
 
 
+def test_a_joined_context_puts_back_a_single_left_out_chunk():
+    import math
+
+    from tandem.models.tiny import ByteTokenizer
+    from tandem.protocols.dragon.knowledge import Knowledge, RetrievedDoc, joined_context
+    from tandem.retrieval.embedder import HashingEmbedder
+    from tandem.retrieval.search import GAP
+
+    text = " ".join(f"Paragraph {i} says {i * 7} things." * 3 for i in range(12))
+    knowledge = Knowledge.from_texts([text], HashingEmbedder(64), tokenizer=ByteTokenizer())
+    chunks = knowledge.retriever.lookup.chunks
+    assert len(chunks) >= 6
+
+    def doc(position):
+        c = chunks[position]
+        return RetrievedDoc(f"{c.doc_id}#{position}", c.text, 0.5, c.doc_id, position)
+
+    docs = [doc(2), doc(0), doc(5)]  # left out: 1 (one chunk), 3-4 (two)
+    filled = knowledge.filled(docs)
+    assert [d.position for d in filled] == [0, 1, 2, 5]  # laid out as the context holds them
+    assert math.isnan(filled[1].score) and [d.score for d in filled if d.position != 1] == [0.5] * 3
+    assert filled[1].text == chunks[1].text and filled[1].doc_id == f"{chunks[1].doc_id}#1"
+    assert joined_context(filled).count(GAP) == 1  # between 2 and 5
+    assert [d.position for d in knowledge.filled(docs, fill=2)] == [0, 1, 2, 3, 4, 5]
+    assert [d.position for d in knowledge.filled(docs, fill=0)] == [0, 2, 5]
+    assert [d.position for d in Knowledge().filled(docs)] == [0, 2, 5]  # no corpus to fill from
+
+
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_one_row_per_side_equals_its_central_reference(tiny_lm, tiny_lm_b, corpora, temperature):
     cfg = config(rows="side", temperature=temperature, seed=5)

@@ -182,6 +182,7 @@ class Recording:
 def test_mode_end_to_end_eta_zero_is_cloud_greedy(tiny_lm, tiny_target, corpora, pipeline):
     """eta = 0 at temperature 0: the answer is the cloud model's greedy answer on its own
     (public) prompt; the start message holds the question, never a private chunk."""
+    from tandem.protocols.dragon.knowledge import joined_context
     from tandem.protocols.private_spec import rag_prompt
 
     n = 16
@@ -189,9 +190,8 @@ def test_mode_end_to_end_eta_zero_is_cloud_greedy(tiny_lm, tiny_target, corpora,
         pipeline=pipeline, eta=0.0, temperature=0.0, max_new_tokens=n, stop_at_eos=False
     )
     device_knowledge, cloud_knowledge = corpora
-    cloud_prompt = rag_prompt(
-        tiny_target.tokenizer, cloud_knowledge.retrieve(QUESTION, 2), QUESTION
-    )
+    context = joined_context(cloud_knowledge.filled(cloud_knowledge.retrieve(QUESTION, 2)))
+    cloud_prompt = rag_prompt(tiny_target.tokenizer, context, QUESTION)
     reference = generate(
         tiny_target,
         cloud_prompt,
@@ -245,3 +245,34 @@ def test_bad_start_is_refused_with_a_message(tiny_target, corpora):
 
     reply, result = asyncio.run(main())
     assert result is None and "no question" in reply.message
+
+
+README_QUESTION = "Which base delay does our retry policy use, and which asyncio call sleeps?"
+
+
+@pytest.mark.slow
+def test_the_readme_question_gets_the_chunk_that_holds_its_answer():
+    """The README's private-spec question over examples/private-notes, retrieved as the CLI
+    does (the 0.5B's tokenizer, MiniLM, DOCS chunks): retrieval returns backoff.py's first and
+    third chunks; the device's context puts the second (`base=0.5`) back between them, where
+    the plain join left it out and the answer invented a 100 ms delay."""
+    from pathlib import Path
+
+    from tandem.models.registry import load_tokenizer
+    from tandem.protocols.dragon import Knowledge
+    from tandem.protocols.dragon.knowledge import joined_context
+    from tandem.protocols.dragon.setup import ensure_index
+    from tandem.protocols.private_spec import DOCS
+
+    notes = Path(__file__).resolve().parents[3] / "examples" / "private-notes"
+    tokenizer = load_tokenizer("qwen2.5-coder-0.5b", progress=False)
+    index = ensure_index(str(notes), tokenizer=tokenizer, tokenizer_name="qwen2.5-coder-0.5b",
+                         progress=False)  # fmt: skip
+    knowledge = Knowledge.from_index(index)
+    docs = knowledge.retrieve(README_QUESTION, DOCS)
+    assert [d.doc_id for d in docs] == [f"private-notes/snippets/backoff.py#{i}" for i in (0, 2)]
+    assert "base=0.5" not in joined_context(docs)  # what the retrieved chunks hold
+    used = knowledge.filled(docs)
+    assert [d.doc_id for d in used] == [f"private-notes/snippets/backoff.py#{i}" for i in range(3)]
+    context = joined_context(used)
+    assert "base=0.5" in context and "asyncio.sleep" in context and "\n...\n" not in context
