@@ -157,7 +157,6 @@ class _Device:
     async def _run(self, method, question, max_new_tokens, on_token) -> list[int]:
         from tandem.baselines.spec_baselines import run_cloud_ar, run_device_only
         from tandem.protocols.dragon import DragonConfig, Knowledge, connect_device
-        from tandem.protocols.dragon.knowledge import joined_context
         from tandem.protocols.private_spec import private_config, rag_prompt, run_private_device
         from tandem.protocols.spec.config import SpecConfig
         from tandem.transport import connect
@@ -165,8 +164,9 @@ class _Device:
         tokenizer = self.lm.tokenizer
         plain = SpecConfig(temperature=0.0, max_new_tokens=max_new_tokens)
         if method == "device-rag":
-            used = self.side.knowledge.filled(self.side.knowledge.retrieve(question, self.docs))
-            ids = rag_prompt(tokenizer, joined_context(used), question)
+            ids = rag_prompt(
+                tokenizer, self.side.knowledge.context(question, self.docs)[1], question
+            )
             return run_device_only(self.lm, ids, plain, on_token=on_token).tokens
         if method == "dragon":
             config = DragonConfig(max_new_tokens=max_new_tokens, docs_per_side=self.docs)
@@ -178,8 +178,7 @@ class _Device:
             return list(report.tokens)
         channel = await connect(self.host, self.port, config=self.transport)
         if method == "cloud-rag":
-            used = self.public.filled(self.public.retrieve(question, self.docs))
-            ids = rag_prompt(tokenizer, joined_context(used), question)
+            ids = rag_prompt(tokenizer, self.public.context(question, self.docs)[1], question)
             report = await run_cloud_ar(channel, tokenizer, ids, plain, on_token=on_token)
             return report.tokens
         eta = self.eta if method == "private-spec" else 0.0

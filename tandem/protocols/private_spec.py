@@ -41,7 +41,7 @@ import weakref
 from tandem.errors import TandemError
 from tandem.models.base import CausalLM, Tokenizer
 from tandem.protocols.decoding import OnToken
-from tandem.protocols.dragon.knowledge import Knowledge, joined_context
+from tandem.protocols.dragon.knowledge import Knowledge
 from tandem.protocols.pair import run_in_process
 from tandem.protocols.rapid.prompts import render
 from tandem.protocols.spec import wire
@@ -69,8 +69,8 @@ def private_config(**overrides) -> SpecConfig:
 
 
 def rag_prompt(tokenizer: Tokenizer, context: str, question: str) -> list[int]:
-    """One side's prompt: its context (`joined_context` of its filled chunks), then the
-    question (chat template)."""
+    """One side's prompt: its context (`Knowledge.context`), then the question (chat
+    template)."""
     return render(tokenizer, TEMPLATE.format(context=context, question=question))
 
 
@@ -93,8 +93,8 @@ async def run_private_device(
     """The device side: retrieve, draft with the private chunks, let the cloud verify."""
     if not question.strip():
         raise TandemError("private-spec: the question is empty")
-    used = knowledge.filled(knowledge.retrieve(question, docs))
-    prompt = rag_prompt(lm.tokenizer, joined_context(used), question)
+    used, context = knowledge.context(question, docs)
+    prompt = rag_prompt(lm.tokenizer, context, question)
     question_ids = question_prompt(lm.tokenizer, question)
     start = wire.start_message(MODE, config.to_json(), question_ids, question=question, docs=docs)
     report = await run_device(
@@ -151,8 +151,8 @@ async def serve_private_session(
         with contextlib.suppress(TransportError):
             await channel.send(wire.error_message(f"bad start message: {exc}"))
         return None
-    used = knowledge.filled(knowledge.retrieve(question, docs))
-    prompt = rag_prompt(lm.tokenizer, joined_context(used), question)
+    used, context = knowledge.context(question, docs)
+    prompt = rag_prompt(lm.tokenizer, context, question)
     stats = {"public_docs": [doc.doc_id for doc in used]}
     return await run_session(
         channel, lm, config, prompt, batcher=batcher, observer=observer, live=live, stats=stats

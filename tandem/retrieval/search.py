@@ -214,11 +214,11 @@ def joined_in_document_order(pieces: Sequence[Piece]) -> str:
     previous: Piece | None = None
     for piece in ordered:
         text = piece.text.strip("\n")
-        adjacent = previous is not None and previous.document == piece.document
-        if adjacent and piece.position == previous.position + 1:
+        same_document = previous is not None and previous.document == piece.document
+        if same_document and piece.position == previous.position + 1:
             parts.append(("\n" if piece.lead is None else piece.lead) + text)
         else:
-            opening = GAP if adjacent else f"# {piece.document}"
+            opening = GAP if same_document else f"# {piece.document}"
             lead = piece.lead or ""
             indent = lead.rpartition("\n")[2] if "\n" in lead else ""
             parts.append(("\n" if parts else "") + f"{opening}\n{indent}{text}")

@@ -105,6 +105,12 @@ class Knowledge:
             first.setdefault(d.document, len(first))
         return sorted(docs + extra, key=lambda d: (first[d.document], d.position))
 
+    def context(self, question: str, k: int) -> tuple[list[RetrievedDoc], str]:
+        """(the chunks, the text) of one prompt's context: the k chunks retrieved for
+        `question`, filled (`filled`) and joined (`joined_context`)."""
+        used = self.filled(self.retrieve(question, k))
+        return used, joined_context(used)
+
 
 def pieces(docs: list[RetrievedDoc]) -> list[Piece]:
     return [Piece(d.document, d.position, d.text, d.lead) for d in docs]

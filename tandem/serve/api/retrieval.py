@@ -198,11 +198,10 @@ class PrivateSpecBackend(CloudBackend):
         )  # fmt: skip
 
     def alone_prompt(self, prompt_ids: list[int], params: GenParams) -> list[int]:
-        from tandem.protocols.dragon.knowledge import joined_context
         from tandem.protocols.private_spec import rag_prompt
 
-        used = self.knowledge.filled(self.knowledge.retrieve(params.question, self.docs))
-        return rag_prompt(self.lm.tokenizer, joined_context(used), params.question)
+        _, context = self.knowledge.context(params.question, self.docs)
+        return rag_prompt(self.lm.tokenizer, context, params.question)
 
     async def _collaborate(self, prompt_ids, params: GenParams, config, recorder: Recorder, info):
         from tandem.protocols.private_spec import run_private_device

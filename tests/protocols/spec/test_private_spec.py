@@ -182,7 +182,6 @@ class Recording:
 def test_mode_end_to_end_eta_zero_is_cloud_greedy(tiny_lm, tiny_target, corpora, pipeline):
     """eta = 0 at temperature 0: the answer is the cloud model's greedy answer on its own
     (public) prompt; the start message holds the question, never a private chunk."""
-    from tandem.protocols.dragon.knowledge import joined_context
     from tandem.protocols.private_spec import rag_prompt
 
     n = 16
@@ -190,7 +189,7 @@ def test_mode_end_to_end_eta_zero_is_cloud_greedy(tiny_lm, tiny_target, corpora,
         pipeline=pipeline, eta=0.0, temperature=0.0, max_new_tokens=n, stop_at_eos=False
     )
     device_knowledge, cloud_knowledge = corpora
-    context = joined_context(cloud_knowledge.filled(cloud_knowledge.retrieve(QUESTION, 2)))
+    _, context = cloud_knowledge.context(QUESTION, 2)
     cloud_prompt = rag_prompt(tiny_target.tokenizer, context, QUESTION)
     reference = generate(
         tiny_target,

@@ -7,7 +7,6 @@ from __future__ import annotations
 import httpx2 as httpx
 
 from tandem.protocols.dragon import Knowledge
-from tandem.protocols.dragon.knowledge import joined_context
 from tandem.protocols.dragon.setup import SideSetup
 from tandem.protocols.private_spec import rag_prompt
 from tandem.retrieval.embedder import HashingEmbedder
@@ -53,7 +52,7 @@ def test_private_spec_eta_zero_is_the_clouds_greedy_answer(tiny_lm, tiny_lm_b):
         cloud.stop()
     public = rag_prompt(
         tiny_lm_b.tokenizer,
-        joined_context(cloud_knowledge.filled(cloud_knowledge.retrieve(QUESTION, 1))),
+        cloud_knowledge.context(QUESTION, 1)[1],
         QUESTION,
     )
     expected = greedy_tokens(tiny_lm_b, public, N)
@@ -76,7 +75,7 @@ def test_private_spec_without_a_cloud_answers_alone_on_the_private_prompt(tiny_l
         server.stop()
     private = rag_prompt(
         tiny_lm.tokenizer,
-        joined_context(device_knowledge.filled(device_knowledge.retrieve(QUESTION, 1))),
+        device_knowledge.context(QUESTION, 1)[1],
         QUESTION,
     )
     assert reply["choices"][0]["message"]["content"] == visible(
