@@ -246,7 +246,9 @@ def test_bad_start_is_refused_with_a_message(tiny_target, corpora):
     assert result is None and "no question" in reply.message
 
 
-README_QUESTION = "Which base delay does our retry policy use, and which asyncio call sleeps?"
+README_QUESTION = (
+    "Which base delay does our retry policy use, and which asyncio function does it sleep with?"
+)
 
 
 @pytest.mark.slow
