@@ -99,7 +99,9 @@ def run(
     delay: float = typer.Option(
         0.0, "--delay", help="Emulated one-way delay (ms) on the device -> cloud direction."
     ),
-    max_new_tokens: int = typer.Option(64, "--max-new-tokens", "-n"),
+    max_new_tokens: int = typer.Option(
+        64, "--max-new-tokens", "-n", help="Most tokens to generate (fewer at end-of-turn)."
+    ),
     temperature: float = typer.Option(0.0, "--temperature", "-t", help="0 = greedy."),
     top_k: int = typer.Option(None, "--top-k"),
     top_p: float = typer.Option(None, "--top-p"),
