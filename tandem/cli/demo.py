@@ -155,6 +155,8 @@ def print_report(report, console) -> None:
         )
     table.add_row("rtt (in-band)", ms(report.rtt_s))
     docs = ", ".join(doc for doc, _ in report.docs) or "none"
+    if report.put_back:
+        docs += f" (and {', '.join(report.put_back)} put back between them)"
     table.add_row("documents", f"device: {docs}; cloud: {report.peer_docs} (stay in the cloud)")
     table.add_row("prefill (device / cloud)", f"{ms(report.ready_s)} / {ms(report.peer_ready_s)}")
     if report.degraded:

@@ -33,6 +33,10 @@ def test_the_dragon_demo_runs_end_to_end_and_leaves_no_folder(tmp_path, monkeypa
     assert all(rate is not None for rate in report["acceptance_rate"].values())
     assert report["bytes_sent"] > 0 and report["bytes_received"] > 0
     assert "DRAGON session (device view)" in result.output
+    # the question's retrieval: backoff.py's first and third chunks, the second put back
+    backoff = "private-notes/snippets/backoff.py"
+    assert [doc for doc, _ in report["docs"]] == [f"{backoff}#0", f"{backoff}#2"]
+    assert report["put_back"] == [f"{backoff}#1"]
     assert not list(scratch.glob("tandem-*"))  # the cloud's ready file and log are gone
 
 

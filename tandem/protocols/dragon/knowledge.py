@@ -138,15 +138,17 @@ def make_scorer(kind: str, knowledge: Knowledge, docs: list[RetrievedDoc], tempe
 def build_decoder(
     lm: CausalLM, knowledge: Knowledge, question: str, config: DragonConfig
 ) -> tuple[DocDecoder, list[RetrievedDoc]]:
-    """Retrieve from this side's corpus and lay out its rows (not yet prefilled)."""
-    docs = knowledge.retrieve(question, config.docs_per_side)
+    """Retrieve from this side's corpus and lay out its rows (not yet prefilled). Returns the
+    decoder and the chunks its rows hold: the retrieved ones, and for one row per side also
+    those put back between them (`Knowledge.filled`, score nan: they weigh nothing)."""
+    docs = used = knowledge.retrieve(question, config.docs_per_side)
     prompt = RagPrompt.for_tokenizer(lm.tokenizer)
     prefixes = [prompt.doc_prefix(lm.tokenizer, d.text) for d in docs] or [
         prompt.doc_prefix(lm.tokenizer, None)
     ]
     if config.rows == "side" and len(docs) > 1:  # one row holding every document
-        context = joined_context(knowledge.filled(docs))
-        prefixes = [prompt.doc_prefix(lm.tokenizer, context)]
+        used = knowledge.filled(docs)
+        prefixes = [prompt.doc_prefix(lm.tokenizer, joined_context(used))]
     scorer = make_scorer(config.scorer, knowledge, docs, config.relevance_temperature)
     static = np.array([d.score / config.relevance_temperature for d in docs] or [0.0], np.float32)
     relevance = RelevanceSchedule(
@@ -166,4 +168,4 @@ def build_decoder(
         temperature=config.temperature,
         kv_store=knowledge.kv_store,
     )
-    return decoder, docs
+    return decoder, used

@@ -52,6 +52,7 @@ class SideReport:
     decodes_cancelled: int = 0
     rollbacks: int = 0
     docs: list[tuple[str, float]] = field(default_factory=list)  # (doc id, retrieval score)
+    put_back: list[str] = field(default_factory=list)  # chunks a joined row holds, not retrieved
     peer_docs: int | None = None  # how many documents the peer retrieved (ids stay there)
     kv_hits: int = 0
     rtt_s: float | None = None
@@ -126,6 +127,7 @@ class SideReport:
             "decodes_cancelled": self.decodes_cancelled,
             "rollbacks": self.rollbacks,
             "docs": [list(d) for d in self.docs],
+            "put_back": list(self.put_back),
             "peer_docs": self.peer_docs,
             "kv_hits": self.kv_hits,
             "rtt_s": self.rtt_s,

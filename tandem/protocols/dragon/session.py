@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import math
 import time
 
 from tandem.codecs import Codec, make_codec
@@ -197,7 +198,8 @@ class DragonSide(SideIO):
             began = time.perf_counter()
             decoder, docs = build_decoder(self.lm, self.knowledge, self.question, self.config)
             self.timeline.since("retrieve", began)
-            self.report.docs = [(d.doc_id, d.score) for d in docs]
+            self.report.docs = [(d.doc_id, d.score) for d in docs if not math.isnan(d.score)]
+            self.report.put_back = [d.doc_id for d in docs if math.isnan(d.score)]
         decoder.clock = self.timeline
         return decoder
 

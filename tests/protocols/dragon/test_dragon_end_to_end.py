@@ -290,11 +290,15 @@ def test_lookahead_one_is_token_wise_synchronisation(tiny_lm, tiny_lm_b, corpora
 
 
 def test_one_row_per_side_holds_every_document_and_keeps_the_side_weight(corpora, tiny_lm):
+    import math
+
     import numpy as np
     from scipy.special import logsumexp
 
     per_doc, docs = build_decoder(tiny_lm, corpora[0], QUESTION, config())
-    joined, same_docs = build_decoder(tiny_lm, corpora[0], QUESTION, config(rows="side"))
+    joined, held = build_decoder(tiny_lm, corpora[0], QUESTION, config(rows="side"))
+    assert held == corpora[0].filled(docs)  # the retrieved chunks and any put back between
+    same_docs = [d for d in held if not math.isnan(d.score)]
     assert len(docs) > 1 and [d.doc_id for d in same_docs] == [d.doc_id for d in docs]
     assert per_doc.num_rows == len(docs) and joined.num_rows == 1
     prompt = tiny_lm.tokenizer.decode(joined.prefixes[0])
