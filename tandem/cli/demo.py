@@ -117,6 +117,8 @@ def describe(config) -> str:
 def print_report(report, console) -> None:
     from rich.table import Table
 
+    from tandem.protocols.dragon.knowledge import listed
+
     def ms(value) -> str:
         return "-" if value is None else f"{value * 1000:.0f} ms"
 
@@ -154,9 +156,7 @@ def print_report(report, console) -> None:
             f"{per_token:.0f} (plus a {report.probe_bytes:,}-byte bandwidth probe)",
         )
     table.add_row("rtt (in-band)", ms(report.rtt_s))
-    docs = ", ".join(doc for doc, _ in report.docs) or "none"
-    if report.put_back:
-        docs += f" (and {', '.join(report.put_back)} put back between them)"
+    docs = listed([doc for doc, _ in report.docs], report.put_back) or "none"
     table.add_row("documents", f"device: {docs}; cloud: {report.peer_docs} (stay in the cloud)")
     table.add_row("prefill (device / cloud)", f"{ms(report.ready_s)} / {ms(report.peer_ready_s)}")
     if report.degraded:

@@ -41,7 +41,7 @@ import weakref
 from tandem.errors import TandemError
 from tandem.models.base import CausalLM, Tokenizer
 from tandem.protocols.decoding import OnToken
-from tandem.protocols.dragon.knowledge import Knowledge
+from tandem.protocols.dragon.knowledge import Knowledge, listed, named
 from tandem.protocols.pair import run_in_process
 from tandem.protocols.rapid.prompts import render
 from tandem.protocols.spec import wire
@@ -101,17 +101,18 @@ async def run_private_device(
         channel, lm, prompt, config, on_token=on_token, close=close, start=start
     )
     report.mode = MODE
-    report.docs = [doc.doc_id for doc in used]
+    report.docs, report.put_back = named(used)
     return report
 
 
 def sources(report) -> str:
-    """Two lines for a private-spec `SpecReport`: the chunks each side retrieved (the device's
-    never left it; the cloud names its own in its stats)."""
-    public = report.cloud.get("public_docs", [])
+    """Two lines for a private-spec `SpecReport`: the chunks each side's prompt held (the
+    device's never left it; the cloud names its own in its stats)."""
+    cloud = report.cloud
+    private = listed(report.docs, report.put_back) or "none"
+    public = listed(cloud.get("public_docs", []), cloud.get("public_put_back", [])) or "?"
     return (
-        f"private chunks (stayed on the device): {', '.join(report.docs) or 'none'}\n"
-        f"public chunks (the cloud's): {', '.join(public) or '?'}"
+        f"private chunks (stayed on the device): {private}\npublic chunks (the cloud's): {public}"
     )
 
 
@@ -153,7 +154,8 @@ async def serve_private_session(
         return None
     used, context = knowledge.context(question, docs)
     prompt = rag_prompt(lm.tokenizer, context, question)
-    stats = {"public_docs": [doc.doc_id for doc in used]}
+    public, put_back = named(used)
+    stats = {"public_docs": public, "public_put_back": put_back}
     return await run_session(
         channel, lm, config, prompt, batcher=batcher, observer=observer, live=live, stats=stats
     )

@@ -56,6 +56,9 @@ def test_demo_private_spec_end_to_end(tmp_path, monkeypatch):
     report = json.loads(out.read_text())
     assert report["mode"] == "private-spec" and len(report["tokens"]) >= 1
     assert report["docs"] and report["cloud"]["public_docs"]
+    # the default question (the DRAGON demo's) retrieves backoff.py#0 and #2; #1 is put back
+    assert report["put_back"] == ["private-notes/snippets/backoff.py#1"]
+    assert isinstance(report["cloud"]["public_put_back"], list)
     assert report["payload_bits"] <= 64 * report["drafts_sent"]
     assert report["cloud"]["agrees_with_device"]
     assert not list(scratch.glob("tandem-*"))  # the cloud's log went with its folder

@@ -37,6 +37,22 @@ class RetrievedDoc:
     position: int  # the chunk's index within its document
     lead: str | None = None  # `Chunk.lead`: the whitespace before it in its document, if known
 
+    @property
+    def put_back(self) -> bool:
+        """Put back between two retrieved chunks (`Knowledge.filled`), not retrieved."""
+        return math.isnan(self.score)
+
+
+def named(docs: list[RetrievedDoc]) -> tuple[list[str], list[str]]:
+    """(ids of the retrieved chunks, ids of those put back between them), as reports keep them."""
+    return [d.doc_id for d in docs if not d.put_back], [d.doc_id for d in docs if d.put_back]
+
+
+def listed(docs: list[str], put_back: list[str]) -> str:
+    """'a#0, a#2 (and a#1 put back between them)': chunk ids as the demos print them."""
+    text = ", ".join(docs)
+    return text + (f" (and {', '.join(put_back)} put back between them)" if put_back else "")
+
 
 @dataclass
 class Knowledge:

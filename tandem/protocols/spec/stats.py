@@ -55,6 +55,7 @@ class SpecReport:
     branch_s: list[float] = field(default_factory=list)  # drafting each branch (all its steps)
     cloud: dict = field(default_factory=dict)  # the cloud's own measurements
     docs: list[str] = field(default_factory=list)  # private-spec: this side's retrieved chunks
+    put_back: list[str] = field(default_factory=list)  # ... and those its prompt put back
 
     def summary(self) -> dict:
         """Headline numbers (times in ms, rates per second)."""

@@ -321,7 +321,13 @@ def test_a_joined_context_puts_back_a_single_left_out_chunk():
     import math
 
     from tandem.models.tiny import ByteTokenizer
-    from tandem.protocols.dragon.knowledge import Knowledge, RetrievedDoc, joined_context
+    from tandem.protocols.dragon.knowledge import (
+        Knowledge,
+        RetrievedDoc,
+        joined_context,
+        listed,
+        named,
+    )
     from tandem.retrieval.embedder import HashingEmbedder
     from tandem.retrieval.search import GAP
 
@@ -343,6 +349,14 @@ def test_a_joined_context_puts_back_a_single_left_out_chunk():
     assert [d.position for d in knowledge.filled(docs, fill=2)] == [0, 1, 2, 3, 4, 5]
     assert [d.position for d in knowledge.filled(docs, fill=0)] == [0, 2, 5]
     assert [d.position for d in Knowledge().filled(docs)] == [0, 2, 5]  # no corpus to fill from
+    retrieved, put_back = named(filled)  # as the reports keep them
+    assert [d.put_back for d in filled] == [False, True, False, False]
+    assert (retrieved, put_back) == (
+        [filled[0].doc_id, filled[2].doc_id, filled[3].doc_id],
+        [filled[1].doc_id],
+    )
+    assert listed(["a#0", "a#2"], ["a#1"]) == "a#0, a#2 (and a#1 put back between them)"
+    assert listed(["a#0"], []) == "a#0" and listed([], []) == ""
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
