@@ -195,6 +195,15 @@ def small_gaps(pieces: Sequence[Piece], most: int) -> list[tuple[str, int, int]]
     return gaps
 
 
+def in_document_order(items: Sequence) -> list:
+    """Items with `.document` and `.position` (pieces, retrieved chunks) as a joined context
+    lays them out: documents in the order each first appears, a document's by position."""
+    first_seen: dict[str, int] = {}
+    for item in items:
+        first_seen.setdefault(item.document, len(first_seen))
+    return sorted(items, key=lambda item: (first_seen[item.document], item.position))
+
+
 def joined_in_document_order(pieces: Sequence[Piece]) -> str:
     """One text of retrieved chunks: grouped by document in the order each first appears, a
     document's chunks by position, a `# <document id>` line before each document and a `GAP`
@@ -206,13 +215,9 @@ def joined_in_document_order(pieces: Sequence[Piece]) -> str:
     `retry_async(call, *, attempts=5,` straight into the `PermanentError:` of a chunk two
     further on); adjacent chunks joined by a newline broke a line in two (`except` /
     `PermanentError:`)."""
-    first_seen: dict[str, int] = {}
-    for piece in pieces:
-        first_seen.setdefault(piece.document, len(first_seen))
-    ordered = sorted(pieces, key=lambda piece: (first_seen[piece.document], piece.position))
     parts: list[str] = []
     previous: Piece | None = None
-    for piece in ordered:
+    for piece in in_document_order(pieces):
         text = piece.text.strip("\n")
         same_document = previous is not None and previous.document == piece.document
         if same_document and piece.position == previous.position + 1:

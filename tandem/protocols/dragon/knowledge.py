@@ -25,7 +25,13 @@ from tandem.models.base import CausalLM
 from tandem.protocols.dragon.config import DragonConfig
 from tandem.protocols.dragon.decoder import DocDecoder, RelevanceSchedule
 from tandem.protocols.dragon.prompt import RagPrompt
-from tandem.retrieval.search import FILL_GAP, Piece, joined_in_document_order, small_gaps
+from tandem.retrieval.search import (
+    FILL_GAP,
+    Piece,
+    in_document_order,
+    joined_in_document_order,
+    small_gaps,
+)
 
 
 @dataclass(frozen=True)
@@ -43,9 +49,15 @@ class RetrievedDoc:
         return math.isnan(self.score)
 
 
+def retrieved(docs: list[RetrievedDoc]) -> list[RetrievedDoc]:
+    """The retrieved chunks of a filled list, best first (as retrieval returned them)."""
+    return sorted((d for d in docs if not d.put_back), key=lambda d: -d.score)
+
+
 def named(docs: list[RetrievedDoc]) -> tuple[list[str], list[str]]:
-    """(ids of the retrieved chunks, ids of those put back between them), as reports keep them."""
-    return [d.doc_id for d in docs if not d.put_back], [d.doc_id for d in docs if d.put_back]
+    """(ids of the retrieved chunks, best first; ids of those put back between them, in layout
+    order), as reports keep them."""
+    return [d.doc_id for d in retrieved(docs)], [d.doc_id for d in docs if d.put_back]
 
 
 def listed(docs: list[str], put_back: list[str]) -> str:
@@ -116,10 +128,7 @@ class Knowledge:
             for document, after, before in gaps
             for c in self.retriever.between(document, after, before)
         ]
-        first: dict[str, int] = {}
-        for d in docs:
-            first.setdefault(d.document, len(first))
-        return sorted(docs + extra, key=lambda d: (first[d.document], d.position))
+        return in_document_order(docs + extra)
 
     def context(self, question: str, k: int) -> tuple[list[RetrievedDoc], str]:
         """(the chunks, the text) of one prompt's context: the k chunks retrieved for

@@ -38,7 +38,7 @@ from tandem.protocols.decoding import OnToken
 from tandem.protocols.dragon import wire
 from tandem.protocols.dragon.config import DEVICE, SIDES, DragonConfig, peer_of
 from tandem.protocols.dragon.decoder import DocDecoder, SideLaw
-from tandem.protocols.dragon.knowledge import Knowledge, build_decoder, named
+from tandem.protocols.dragon.knowledge import Knowledge, build_decoder, named, retrieved
 from tandem.protocols.dragon.machine import (
     Committed,
     Decided,
@@ -197,7 +197,7 @@ class DragonSide(SideIO):
             began = time.perf_counter()
             decoder, docs = build_decoder(self.lm, self.knowledge, self.question, self.config)
             self.timeline.since("retrieve", began)
-            self.report.docs = [(d.doc_id, d.score) for d in docs if not d.put_back]
+            self.report.docs = [(d.doc_id, d.score) for d in retrieved(docs)]
             self.report.put_back = named(docs)[1]
         decoder.clock = self.timeline
         return decoder
