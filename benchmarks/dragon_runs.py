@@ -7,12 +7,18 @@ files made before the testbed had the switch delayed both directions) and delay,
 over the runs: count, min, median, max, and how many meet issue 14's targets (<= 1.10x at
 +0 ms, <= 1.20x at +300 ms). At +0 ms no direction carries a delay, so every run counts there
 whatever its `delayed` (shown as "-"). This is where the docs' "N runs, median M" figures come from.
+
+At a delay, each row also splits the method's time into *stalls* (gaps between two output
+tokens longer than `STALL_FRACTION` of the delay) and the *pace* outside them, and counts the
+stalls the two-chain model (`cycles`) puts at the rejections the run recorded: the share of
+the ratio that no per-token saving can remove (docs/dragon.md "Stalls, counted").
 """
 
 from __future__ import annotations
 
 import json
 import statistics
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +29,9 @@ from tandem.testbed.netns import JITTER
 
 BASELINE = "crcg-device"
 METHOD = "dragon-side-static-mirror"  # the benchmarked form (one row per side, mirrored)
+# a gap between two output tokens longer than this share of the extra delay is a stall: the
+# jitter alone (delay / 5 each way, in order) moves a gap by at most 2 x delay / 5 plus a decode
+STALL_FRACTION = 0.75
 
 
 def read(path: Path) -> dict[str, Any]:
@@ -49,6 +58,9 @@ def ratios(payload: dict[str, Any], method: str = METHOD) -> list[dict[str, Any]
     for delay, methods in sorted(table.items()):
         if BASELINE not in methods or method not in methods:
             continue
+        split = stalls(payload, method, delay)
+        if split is not None:
+            split["paced_ratio"] = split["paced_ms"] / (1e3 * methods[BASELINE])
         rows.append(
             {
                 "delay_ms": delay,
@@ -56,9 +68,70 @@ def ratios(payload: dict[str, Any], method: str = METHOD) -> list[dict[str, Any]
                 "method_ms": 1e3 * methods[method],
                 "ratio": methods[method] / methods[BASELINE],
                 "load_1min": statistics.mean(loads[delay]) if loads.get(delay) else None,
+                "stalls": split,
             }
         )
     return rows
+
+
+def cycles(resolutions: list[dict[str, Any]]) -> list[int]:
+    """The positions after which the two-chain model puts a stall, from one answer's
+    resolutions (which side's draft each target accepted). Each side drafts on its own chain,
+    ahead of the targets. While the chains are level, a rejection of the device's draft costs
+    nothing at once (the device hears of it with the cloud's draft, when it needed that draft
+    anyway) but restarts the device's chain a delayed trip behind the cloud's; the next
+    rejection of the cloud's draft then costs that trip (the cloud hears of it from the device's
+    late draft, and its new draft travels the delay down), and the chains are level again.
+    Exact for a delay on the cloud -> device direction only (the paper's setup)."""
+    behind, out = False, []
+    for resolution in sorted(resolutions, key=lambda r: r["position"]):
+        if not behind and not resolution["device"]:
+            behind = True
+        elif behind and not resolution["cloud"]:
+            out.append(int(resolution["position"]))
+            behind = False
+    return out
+
+
+def stalls(payload: dict[str, Any], method: str, delay: float) -> dict[str, Any] | None:
+    """At an extra delay: `method`'s gaps between output tokens split into stalls and the pace
+    outside them (ms), and the stalls the model of `cycles` predicts (None where the file has no
+    resolutions), with how many of the measured stalls fall at those positions. None at +0 ms
+    or where the runs kept no token times."""
+    runs = [
+        run
+        for run in payload.get("runs", [])
+        if run.get("method") == method
+        and float(run.get("delay_ms", -1)) == delay
+        and len(run.get("token_times") or ()) > 1
+    ]
+    if delay <= 0 or not runs:
+        return None
+    limit = STALL_FRACTION * delay / 1e3
+    gaps = late = 0
+    total_s = late_s = 0.0
+    predicted: int | None = 0
+    at_cycles = 0
+    for run in runs:
+        spans = [b - a for a, b in pairwise(run["token_times"])]
+        stalled = {i for i, span in enumerate(spans) if span > limit}
+        gaps, late = gaps + len(spans), late + len(stalled)
+        total_s += sum(spans)
+        late_s += sum(spans[i] for i in stalled)
+        if predicted is not None and run.get("resolutions"):
+            model = cycles(run["resolutions"])
+            predicted += len(model)
+            at_cycles += len(stalled.intersection(model))
+        else:
+            predicted = None
+    return {
+        "gaps": gaps,
+        "stalls": late,
+        "stall_ms_per_token": 1e3 * late_s / gaps,
+        "paced_ms": 1e3 * (total_s - late_s) / max(gaps - late, 1),
+        "cycles": predicted,
+        "stalls_at_cycles": at_cycles if predicted is not None else None,
+    }
 
 
 def _network(setup: dict[str, Any]) -> str:
@@ -84,13 +157,14 @@ def describe(path: Path, payload: dict[str, Any], method: str = METHOD) -> dict[
 
 def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per (delayed, delay): the spread of the ratio over the runs that have it."""
-    groups: dict[tuple[str, float], list[float]] = {}
+    groups: dict[tuple[str, float], list[dict[str, Any]]] = {}
     for run in runs:
         for row in run["rows"]:
-            key = (_setting(run, row), row["delay_ms"])
-            groups.setdefault(key, []).append(row["ratio"])
+            groups.setdefault((_setting(run, row), row["delay_ms"]), []).append(row)
     out = []
-    for (delayed, delay), values in sorted(groups.items()):
+    for (delayed, delay), rows in sorted(groups.items()):
+        values = [row["ratio"] for row in rows]
+        paced = [row["stalls"]["paced_ratio"] for row in rows if row.get("stalls")]
         target = TARGETS.get(delay)
         out.append(
             {
@@ -102,6 +176,7 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "max": max(values),
                 "target": target,
                 "met": None if target is None else sum(v <= target for v in values),
+                "paced_median": statistics.median(paced) if paced else None,
             }
         )
     return out
@@ -162,19 +237,33 @@ def run(files: list[Path], *, method: str = METHOD, out: Path, name: str) -> dic
     save_json(out, name, payload)
     plot(runs, summary, method, out, name)
     console = Console(width=max(Console().width, 110))
-    grid = Table("file", "delayed", "delay ms", "CRCG/Device ms", "method ms", "ratio", "load")
+    grid = Table("file", "delayed", "delay ms", "CRCG/Device ms", "method ms", "ratio", "load",
+                 "stalls (model, at them)", "stall ms a token", "pace outside stalls")  # fmt: skip
     for run in runs:
         for row in run["rows"]:
             load = "-" if row["load_1min"] is None else f"{row['load_1min']:.2f}"
             grid.add_row(
                 run["file"], run["delayed"], f"{row['delay_ms']:g}", f"{row['crcg_device_ms']:.2f}",
-                f"{row['method_ms']:.2f}", f"{row['ratio']:.3f}", load,
+                f"{row['method_ms']:.2f}", f"{row['ratio']:.3f}", load, *_stall_cells(row["stalls"]),
             )  # fmt: skip
     console.print(grid)
     for group in summary:
         met = "" if group["target"] is None else f", <= {group['target']:.2f}x in {group['met']}"
+        paced = group["paced_median"]
+        paced = "" if paced is None else f"; outside stalls median {paced:.3f}x"
         console.print(
             f"{_label(group)} ms: {group['runs']} runs, "
-            f"{group['min']:.3f}-{group['max']:.3f}x, median {group['median']:.3f}x{met}"
+            f"{group['min']:.3f}-{group['max']:.3f}x, median {group['median']:.3f}x{met}{paced}"
         )
     return payload
+
+
+def _stall_cells(split: dict[str, Any] | None) -> tuple[str, str, str]:
+    if split is None:
+        return "-", "-", "-"
+    model = "-" if split["cycles"] is None else f"{split['cycles']}, {split['stalls_at_cycles']}"
+    return (
+        f"{split['stalls']} ({model})",
+        f"{split['stall_ms_per_token']:.2f}",
+        f"{split['paced_ms']:.2f} ms, {split['paced_ratio']:.3f}x",
+    )

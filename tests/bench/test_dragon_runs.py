@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from benchmarks.cli.dragon import app
-from benchmarks.dragon_runs import describe, ratios, summarize
+from benchmarks.dragon_runs import cycles, describe, ratios, stalls, summarize
 
 MIRROR = "dragon-side-static-mirror"
 
@@ -112,3 +112,66 @@ def test_cli_writes_the_table_and_refuses_files_it_cannot_use(tmp_path):
         failed = runner.invoke(app, ["runs", str(path), "--out", str(tmp_path / "o2")])
         assert failed.exit_code != 0
         assert words in str(failed.exception) + failed.output
+
+
+def verdicts(*rejected):
+    """Resolutions of positions 0-11, every draft accepted but (position, side) in `rejected`."""
+    return [
+        {
+            "position": t,
+            "device": (t, "device") not in rejected,
+            "cloud": (t, "cloud") not in rejected,
+        }
+        for t in range(12)
+    ]
+
+
+def test_the_two_chain_model_puts_a_stall_at_a_cloud_rejection_after_a_device_one():
+    # level chains: a cloud rejection costs nothing; a device rejection puts the device's
+    # chain behind, and the next cloud rejection (not a device one) costs the trip
+    assert cycles(verdicts((1, "cloud"), (2, "device"), (4, "device"), (6, "cloud"),
+                           (7, "cloud"))) == [6]  # fmt: skip
+    # a target neither side drafted rejects both: behind if level, level again if behind
+    both = verdicts((0, "device"), (0, "cloud"), (3, "device"), (3, "cloud"), (5, "cloud"))
+    assert cycles(both) == [3]
+    assert cycles(list(reversed(verdicts((9, "device"), (2, "cloud"), (10, "cloud"))))) == [10]
+    assert cycles(verdicts()) == []
+
+
+def test_stalls_split_a_runs_gaps_and_check_them_against_the_model():
+    gaps_ms = [20, 20, 330, 20, 20, 20, 20, 20, 20, 20, 20]  # one stall, after position 2
+    times = [0.5 + sum(gaps_ms[:i]) / 1e3 for i in range(12)]
+    run = {"method": MIRROR, "delay_ms": 300.0, "token_times": times,
+           "resolutions": verdicts((0, "device"), (2, "cloud"))}  # fmt: skip
+    payload = latency_result("down", {("crcg-device", 300.0): 16.0, (MIRROR, 300.0): 50.0})
+    payload["runs"] = [run, {**run, "method": "crcg-device"}]
+    split = stalls(payload, MIRROR, 300.0)
+    assert (split["gaps"], split["stalls"], split["cycles"], split["stalls_at_cycles"]) == (
+        11,
+        1,
+        1,
+        1,
+    )
+    assert split["paced_ms"] == pytest.approx(20.0)
+    assert split["stall_ms_per_token"] == pytest.approx(330 / 11)
+    row = ratios(payload)[0]
+    assert row["stalls"]["paced_ratio"] == pytest.approx(20.0 / 16.0)
+    assert summarize([{"delayed": "down", "rows": [row]}])[0]["paced_median"] == pytest.approx(1.25)
+    # a model stall the run did not show, and a gap the model does not explain
+    moved = {**run, "resolutions": verdicts((0, "device"), (5, "cloud"))}
+    payload["runs"] = [moved]
+    assert (
+        stalls(payload, MIRROR, 300.0)["cycles"],
+        stalls(payload, MIRROR, 300.0)["stalls_at_cycles"],
+    ) == (1, 0)
+    # a short gap is no stall at +300 but one at +20 (three quarters of the delay: 15 ms)
+    payload["runs"] = [{**run, "delay_ms": 20.0}]
+    assert stalls(payload, MIRROR, 20.0)["stalls"] == 11
+    # nothing to split: no delay, no token times; no model without resolutions
+    assert stalls(payload, MIRROR, 0.0) is None
+    payload["runs"] = [{**run, "token_times": []}]
+    assert stalls(payload, MIRROR, 300.0) is None
+    payload["runs"] = [{k: v for k, v in run.items() if k != "resolutions"}]
+    unmodelled = stalls(payload, MIRROR, 300.0)
+    assert unmodelled["stalls"] == 1 and unmodelled["cycles"] is None
+    assert unmodelled["stalls_at_cycles"] is None
