@@ -198,20 +198,28 @@ def plot(runs: list[dict[str, Any]], summary: list[dict[str, Any]], method: str,
     ax = axes[0][0]
     labels = [_label(s) for s in summary]
     for i, group in enumerate(summary):
-        values = [
-            row["ratio"]
+        rows = [
+            row
             for run in runs
             for row in run["rows"]
             if row["delay_ms"] == group["delay_ms"] and _setting(run, row) == group["delayed"]
         ]
-        ax.plot([i] * len(values), values, "o", alpha=0.6)
+        values = [row["ratio"] for row in rows]
+        (dots,) = ax.plot([i] * len(values), values, "o", alpha=0.6)
+        paced = [row["stalls"]["paced_ratio"] for row in rows if row.get("stalls")]
+        if paced:  # the same runs outside their stalls, hollow, beside them
+            ax.plot([i + 0.15] * len(paced), paced, "o", mfc="none", color=dots.get_color())
         ax.plot([i - 0.25, i + 0.25], [group["median"]] * 2, "k-")
         if group["target"] is not None:
             ax.plot([i - 0.35, i + 0.35], [group["target"]] * 2, "r--")
     ax.set_xticks(range(len(summary)), labels, fontsize=8)
     ax.set_xlabel("delayed directions, extra delay (ms)")
     ax.set_ylabel(f"{method} / CRCG/Device, per token")
-    ax.set_title("one dot a run; black: median; red dashes: issue 14's target", fontsize=9)
+    ax.set_title(
+        "one dot a run (hollow, right: outside its stalls); black: median; "
+        "red dashes: issue 14's target",
+        fontsize=9,
+    )
     return save_png(fig, out, name)
 
 
