@@ -52,7 +52,9 @@ def serve(
     delay: float = typer.Option(
         None, "--delay", help="Emulated one-way delay (ms) on the cloud -> device direction [0]."
     ),
-    threads: int = typer.Option(None, "--threads", help="torch intra-op threads [1]."),
+    threads: int = typer.Option(
+        None, "--threads", help="Engine threads, llama.cpp and torch (at most its cores) [1]."
+    ),
     max_sessions: int = typer.Option(None, "--max-sessions", help="Sessions open at once [64]."),
     max_context: int = typer.Option(
         None, "--max-context", help="Prompt + generation tokens per session [32768]."

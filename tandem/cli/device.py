@@ -106,7 +106,12 @@ def run(
     top_k: int = typer.Option(None, "--top-k"),
     top_p: float = typer.Option(None, "--top-p"),
     seed: int = typer.Option(0, "--seed"),
-    threads: int = typer.Option(1, "--threads", min=1, help="torch intra-op threads."),
+    threads: int = typer.Option(
+        1,
+        "--threads",
+        min=1,
+        help="Engine threads, llama.cpp and torch (at most the cores it may run on).",
+    ),
     json_out: Path = typer.Option(None, "--json", help="Also write the full report here."),
     timeline: bool = typer.Option(
         False, "--timeline", help="dragon: where each side's time goes per token (ms, share)."
@@ -266,7 +271,9 @@ def serve(
     default_max_tokens: int = typer.Option(None, help="max_tokens when a request has none."),
     connect_timeout: float = typer.Option(None, help="Seconds to reach the cloud [3]."),
     delay: float = typer.Option(None, "--delay", help="Emulated one-way delay (ms) upstream."),
-    threads: int = typer.Option(None, "--threads", help="torch intra-op threads [1]."),
+    threads: int = typer.Option(
+        None, "--threads", help="Engine threads, llama.cpp and torch (at most its cores) [1]."
+    ),
     log_format: str = typer.Option(None, "--log-format", help="text or json [text]."),
     api_key: str = typer.Option(
         None,

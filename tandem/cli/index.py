@@ -118,8 +118,23 @@ def info(path: Path = typer.Argument(..., help="An index folder.")) -> None:
     """Print an index's manifest."""
     from dataclasses import asdict
 
-    from tandem.retrieval.index import folder_bytes, read_manifest
+    from tandem.retrieval.docstore import DocStore
+    from tandem.retrieval.index import (
+        DOCSTORE_FILE,
+        NO_LEADS,
+        folder_bytes,
+        read_manifest,
+        rebuild_command,
+    )
 
-    for key, value in asdict(read_manifest(path)).items():
+    manifest = read_manifest(path)
+    for key, value in asdict(manifest).items():
         print(f"{key}: {value}")
     print(f"bytes: {folder_bytes(path)}")
+    rebuild = f"rebuild it: {rebuild_command(path, manifest)}"
+    store = DocStore(path / DOCSTORE_FILE, hint=rebuild)
+    try:
+        leads = "stored" if store.has_leads else f"not stored: {NO_LEADS}; {rebuild}"
+        print(f"chunk leads: {leads}")
+    finally:
+        store.close()

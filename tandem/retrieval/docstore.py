@@ -113,6 +113,11 @@ class DocStore:
             raise
         self.columns = COLUMNS if "lead" in names else COLUMNS_WITHOUT_LEAD
 
+    @property
+    def has_leads(self) -> bool:
+        """Whether the chunks' leads are stored (docstores written since 2026-11-29)."""
+        return self.columns == COLUMNS
+
     def _rows(self, sql: str, params: Sequence = ()) -> list[tuple]:
         try:
             return self.connection.execute(sql, params).fetchall()

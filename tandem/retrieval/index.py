@@ -28,6 +28,7 @@ Words used here:
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shlex
@@ -47,6 +48,8 @@ from tandem.retrieval.corpus import SkipHandler, log_skip, read_sources
 from tandem.retrieval.docstore import REBUILD_HINT, DocStore, unreadable, write_docstore
 from tandem.retrieval.embedder import Embedder, load_embedder
 from tandem.retrieval.search import Retriever, index_vectors, make_faiss_index
+
+log = logging.getLogger("tandem.retrieval")
 
 FORMAT = "tandem-index-1"
 MANIFEST, FAISS_FILE, DOCSTORE_FILE = "manifest.json", "index.faiss", "docstore.sqlite"
@@ -397,6 +400,14 @@ def read_faiss(file: Path, hint: str = REBUILD_HINT) -> Any:
         raise unreadable(file, faiss_reason(str(exc)), hint) from exc
 
 
+# an index written before chunks kept their lead (docs/retrieval.md "Joined contexts")
+NO_LEADS = (
+    "built before chunks kept the whitespace before them, so a joined context starts each "
+    "chunk on a new line"
+)
+_WARNED_NO_LEADS: set[str] = set()  # index folders named once a process
+
+
 def _open_files(path: Path, manifest: Manifest) -> tuple[Any, DocStore]:
     """(faiss index, docstore) of an index folder, checked against each other and the manifest."""
     hint = f"rebuild it: {rebuild_command(path, manifest)}"
@@ -410,6 +421,9 @@ def _open_files(path: Path, manifest: Manifest) -> tuple[Any, DocStore]:
             f"{path}: index is corrupt: {index.ntotal} vectors, {len(store)} chunks, manifest "
             f"says {manifest.chunks}; {hint}"
         )
+    if not store.has_leads and str(path) not in _WARNED_NO_LEADS:
+        _WARNED_NO_LEADS.add(str(path))
+        log.warning("%s: %s; to join them as the documents do, %s", path, NO_LEADS, hint)
     return index, store
 
 

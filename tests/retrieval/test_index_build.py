@@ -373,7 +373,9 @@ def test_a_corpus_of_only_unreadable_files_is_an_error_that_says_so(tmp_path, em
         build([src], tmp_path / "ix", embedder)
 
 
-def test_the_docstore_keeps_each_chunks_lead_and_reads_an_older_one_without(tmp_path, notes):
+def test_the_docstore_keeps_each_chunks_lead_and_reads_an_older_one_without(
+    tmp_path, notes, caplog
+):
     import sqlite3
 
     from tandem.retrieval.docstore import DocStore
@@ -388,6 +390,12 @@ def test_the_docstore_keeps_each_chunks_lead_and_reads_an_older_one_without(tmp_
     with sqlite3.connect(tmp_path / "ix" / DOCSTORE_FILE) as db:  # as written before leads
         db.execute("ALTER TABLE chunks DROP COLUMN lead")
     older = DocStore(tmp_path / "ix" / DOCSTORE_FILE)
+    assert retriever.lookup.has_leads and not older.has_leads
     assert [c.text for c in older.document(chunks[0].doc_id)] == [c.text for c in chunks]
     assert {c.lead for c in older.get(list(range(len(older))))} == {None}
     older.close()
+    with caplog.at_level("WARNING", logger="tandem.retrieval"):  # named once, with the fix
+        for _ in range(2):
+            open_index(tmp_path / "ix", embedder=HashingEmbedder(32)).lookup.close()
+    warned = [r.getMessage() for r in caplog.records if "whitespace" in r.getMessage()]
+    assert len(warned) == 1 and "tandem index build" in warned[0] and str(notes) in warned[0]

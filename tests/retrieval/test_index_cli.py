@@ -20,6 +20,7 @@ def test_build_query_info_add(tmp_path, notes):
     assert "private-notes/" in result.output and "flatline" in result.output.lower()
     result = runner.invoke(app, ["index", "info", str(out)])
     assert "embedder: hashing-1024" in result.output and "chunk_tokens: 64" in result.output
+    assert "chunk leads: stored" in result.output
     extra = tmp_path / "extra"
     extra.mkdir()
     (extra / "new.md").write_text("the moon tide table for June")
@@ -168,3 +169,20 @@ def test_unreadable_files_in_a_corpus_are_skipped_with_a_warning_naming_them(tmp
         ("secret.md", "unreadable (Permission denied)"),
     ):
         assert f"skipped {src / name}: {reason}" in result.output
+
+
+def test_info_says_an_older_index_joins_by_newlines_and_how_to_rebuild_it(tmp_path, notes):
+    import sqlite3
+
+    out = tmp_path / "ix"
+    build = ["index", "build", str(notes), "--out", str(out), "--chunk-tokens", "64", *FAST]
+    assert runner.invoke(app, build).exit_code == 0
+    with sqlite3.connect(out / "docstore.sqlite") as db:  # as written before chunks had leads
+        db.execute("ALTER TABLE chunks DROP COLUMN lead")
+    result = runner.invoke(app, ["index", "info", str(out)])
+    assert result.exit_code == 0, result.output
+    line = next(x for x in result.output.splitlines() if x.startswith("chunk leads:"))
+    assert "not stored" in line and "new line" in line
+    assert f"tandem index build {notes} --out {out}" in line and "--chunk-tokens 64" in line
+    assert runner.invoke(app, build).exit_code == 0  # the rebuild it names stores them
+    assert "chunk leads: stored" in runner.invoke(app, ["index", "info", str(out)]).output
