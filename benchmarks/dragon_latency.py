@@ -38,7 +38,7 @@ from rich.table import Table
 
 from benchmarks import RESULTS
 from benchmarks.dragon_questions import QUESTIONS
-from benchmarks.dragon_timeline import print_timeline, timeline_rows
+from benchmarks.dragon_timeline import print_stalls, print_timeline, stall_rows, timeline_rows
 from benchmarks.report import Machines, new_figure, save_json, save_png
 from tandem.testbed.cpus import loadavg
 from tandem.testbed.netns import JITTER
@@ -322,6 +322,7 @@ def run(
     ]  # fmt: skip
     theory = theorem_rows(runs, delays, delayed)
     timeline = timeline_rows(runs, delays, [m for m in methods if m in DRAGONS])
+    split = stall_rows(runs, rows, [m for m in methods if m in DRAGONS], "crcg-device")
     headline = targets(rows, theory)
     if jitter != JITTER:  # not the paper's network: the figures are a control, not its targets
         headline.insert(
@@ -346,11 +347,13 @@ def run(
         "table": rows,
         "theorem_6_2": theory,
         "timeline": timeline,
+        "stalls": split,
         "runs": runs,
     }  # fmt: skip
     save_json(out, "dragon_latency", payload, machines=machines)
     _print(console, rows, theory, methods, delays)
     print_timeline(console, timeline)
+    print_stalls(console, split, LABELS)
     for line in headline:
         console.print(line)
     _plot(out, rows, theory, methods)

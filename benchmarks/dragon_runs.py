@@ -10,7 +10,7 @@ whatever its `delayed` (shown as "-"). This is where the docs' "N runs, median M
 
 At a delay, each row also splits the method's time into *stalls* (gaps between two output
 tokens longer than `STALL_FRACTION` of the delay) and the *pace* outside them, and counts the
-stalls the two-chain model (`cycles`) puts at the rejections the run recorded: the share of
+stalls the two-chain model (`dragon_timeline.cycles`) puts at the rejections the run recorded: the share of
 the ratio that no per-token saving can remove (docs/dragon.md "Stalls, counted").
 """
 
@@ -18,20 +18,17 @@ from __future__ import annotations
 
 import json
 import statistics
-from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 from benchmarks.dragon_latency import TARGETS
+from benchmarks.dragon_timeline import stalls
 from benchmarks.report import new_figure, save_json, save_png
 from tandem.errors import TandemError
 from tandem.testbed.netns import JITTER
 
 BASELINE = "crcg-device"
 METHOD = "dragon-side-static-mirror"  # the benchmarked form (one row per side, mirrored)
-# a gap between two output tokens longer than this share of the extra delay is a stall: the
-# jitter alone (delay / 5 each way, in order) moves a gap by at most 2 x delay / 5 plus a decode
-STALL_FRACTION = 0.75
 
 
 def read(path: Path) -> dict[str, Any]:
@@ -58,9 +55,7 @@ def ratios(payload: dict[str, Any], method: str = METHOD) -> list[dict[str, Any]
     for delay, methods in sorted(table.items()):
         if BASELINE not in methods or method not in methods:
             continue
-        split = stalls(payload, method, delay)
-        if split is not None:
-            split["paced_ratio"] = split["paced_ms"] / (1e3 * methods[BASELINE])
+        split = stalls(payload.get("runs", []), method, delay, baseline_s=methods[BASELINE])
         rows.append(
             {
                 "delay_ms": delay,
@@ -72,66 +67,6 @@ def ratios(payload: dict[str, Any], method: str = METHOD) -> list[dict[str, Any]
             }
         )
     return rows
-
-
-def cycles(resolutions: list[dict[str, Any]]) -> list[int]:
-    """The positions after which the two-chain model puts a stall, from one answer's
-    resolutions (which side's draft each target accepted). Each side drafts on its own chain,
-    ahead of the targets. While the chains are level, a rejection of the device's draft costs
-    nothing at once (the device hears of it with the cloud's draft, when it needed that draft
-    anyway) but restarts the device's chain a delayed trip behind the cloud's; the next
-    rejection of the cloud's draft then costs that trip (the cloud hears of it from the device's
-    late draft, and its new draft travels the delay down), and the chains are level again.
-    Exact for a delay on the cloud -> device direction only (the paper's setup)."""
-    behind, out = False, []
-    for resolution in sorted(resolutions, key=lambda r: r["position"]):
-        if not behind and not resolution["device"]:
-            behind = True
-        elif behind and not resolution["cloud"]:
-            out.append(int(resolution["position"]))
-            behind = False
-    return out
-
-
-def stalls(payload: dict[str, Any], method: str, delay: float) -> dict[str, Any] | None:
-    """At an extra delay: `method`'s gaps between output tokens split into stalls and the pace
-    outside them (ms), and the stalls the model of `cycles` predicts (None where the file has no
-    resolutions), with how many of the measured stalls fall at those positions. None at +0 ms
-    or where the runs kept no token times."""
-    runs = [
-        run
-        for run in payload.get("runs", [])
-        if run.get("method") == method
-        and float(run.get("delay_ms", -1)) == delay
-        and len(run.get("token_times") or ()) > 1
-    ]
-    if delay <= 0 or not runs:
-        return None
-    limit = STALL_FRACTION * delay / 1e3
-    gaps = late = 0
-    total_s = late_s = 0.0
-    predicted: int | None = 0
-    at_cycles = 0
-    for run in runs:
-        spans = [b - a for a, b in pairwise(run["token_times"])]
-        stalled = {i for i, span in enumerate(spans) if span > limit}
-        gaps, late = gaps + len(spans), late + len(stalled)
-        total_s += sum(spans)
-        late_s += sum(spans[i] for i in stalled)
-        if predicted is not None and run.get("resolutions"):
-            model = cycles(run["resolutions"])
-            predicted += len(model)
-            at_cycles += len(stalled.intersection(model))
-        else:
-            predicted = None
-    return {
-        "gaps": gaps,
-        "stalls": late,
-        "stall_ms_per_token": 1e3 * late_s / gaps,
-        "paced_ms": 1e3 * (total_s - late_s) / max(gaps - late, 1),
-        "cycles": predicted,
-        "stalls_at_cycles": at_cycles if predicted is not None else None,
-    }
 
 
 def _network(setup: dict[str, Any]) -> str:

@@ -122,6 +122,35 @@ def test_timeline_rows_are_kept_apart_per_dragon_variant():
     ]
 
 
+def test_stall_rows_split_each_dragon_variant_at_each_delay_against_crcg_device():
+    from rich.console import Console
+
+    from benchmarks.dragon_timeline import print_stalls, stall_rows
+
+    times = [0.5, 0.52, 0.54, 0.84, 0.86]  # one stall (300 ms) after position 2
+    verdicts = [{"position": t, "device": t != 0, "cloud": t != 2} for t in range(5)]
+    runs = [
+        {"method": m, "delay_ms": d, "token_times": times, "resolutions": verdicts}
+        for m in ("dragon-side-static-mirror", "crcg-device") for d in (0.0, 300.0)
+    ]  # fmt: skip
+    rows = [
+        {"method": m, "delay_ms": d, "per_token_s": s}
+        for (m, d, s) in (("crcg-device", 0.0, 0.02), ("crcg-device", 300.0, 0.016),
+                          ("dragon-side-static-mirror", 0.0, 0.02),
+                          ("dragon-side-static-mirror", 300.0, 0.09))
+    ]  # fmt: skip
+    split = stall_rows(runs, rows, ["dragon-side-static-mirror", "dragon"], "crcg-device")
+    assert [(r["method"], r["delay_ms"]) for r in split] == [("dragon-side-static-mirror", 300.0)]
+    row = split[0]
+    assert (row["stalls"], row["cycles"], row["stalls_at_cycles"]) == (1, 1, 1)
+    assert row["paced_ms"] == pytest.approx(20.0) and row["paced_ratio"] == pytest.approx(1.25)
+    console = Console(record=True, width=200)
+    print_stalls(console, split, {"dragon-side-static-mirror": "mirrored"})
+    text = console.export_text()
+    assert "+300 ms: mirrored: 1 stalls (the two-chain model: 1, 1 where it puts them)" in text
+    assert "outside them 20.00 ms a token, 1.250x CRCG/Device" in text
+
+
 @pytest.mark.slow
 def test_quick_latency_and_ttft_runs(tmp_path, monkeypatch):
     from benchmarks import dragon_latency, dragon_ttft
@@ -162,6 +191,7 @@ def test_quick_latency_and_ttft_runs(tmp_path, monkeypatch):
     assert by[("drdg-tw", 0.0)] == by[("dragon", 0.0)] == by[("dragon", 20.0)]
     assert [r["delay_ms"] for r in latency["theorem_6_2"]] == [0.0, 20.0]
     assert all(r["predicted_speedup"] >= 1 for r in latency["theorem_6_2"])
+    assert latency["stalls"] and {r["delay_ms"] for r in latency["stalls"]} == {20.0}  # none at +0
     # every run notes the load; DRAGON runs carry both sides' timelines, averaged per delay
     assert all(r["load_1min"] >= 0 for r in saved["runs"])
     for run in (r for r in saved["runs"] if r["method"] == "dragon"):

@@ -9,7 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from benchmarks.cli.dragon import app
-from benchmarks.dragon_runs import cycles, describe, ratios, stalls, summarize
+from benchmarks.dragon_runs import describe, ratios, summarize
+from benchmarks.dragon_timeline import cycles, stalls
 
 MIRROR = "dragon-side-static-mirror"
 
@@ -145,7 +146,7 @@ def test_stalls_split_a_runs_gaps_and_check_them_against_the_model():
            "resolutions": verdicts((0, "device"), (2, "cloud"))}  # fmt: skip
     payload = latency_result("down", {("crcg-device", 300.0): 16.0, (MIRROR, 300.0): 50.0})
     payload["runs"] = [run, {**run, "method": "crcg-device"}]
-    split = stalls(payload, MIRROR, 300.0)
+    split = stalls(payload["runs"], MIRROR, 300.0, baseline_s=0.016)
     assert (split["gaps"], split["stalls"], split["cycles"], split["stalls_at_cycles"]) == (
         11,
         1,
@@ -154,6 +155,8 @@ def test_stalls_split_a_runs_gaps_and_check_them_against_the_model():
     )
     assert split["paced_ms"] == pytest.approx(20.0)
     assert split["stall_ms_per_token"] == pytest.approx(330 / 11)
+    assert split["paced_ratio"] == pytest.approx(20.0 / 16.0)
+    assert stalls(payload["runs"], MIRROR, 300.0)["paced_ratio"] is None  # no baseline given
     row = ratios(payload)[0]
     assert row["stalls"]["paced_ratio"] == pytest.approx(20.0 / 16.0)
     assert summarize([{"delayed": "down", "rows": [row]}])[0]["paced_median"] == pytest.approx(1.25)
@@ -161,17 +164,17 @@ def test_stalls_split_a_runs_gaps_and_check_them_against_the_model():
     moved = {**run, "resolutions": verdicts((0, "device"), (5, "cloud"))}
     payload["runs"] = [moved]
     assert (
-        stalls(payload, MIRROR, 300.0)["cycles"],
-        stalls(payload, MIRROR, 300.0)["stalls_at_cycles"],
+        stalls(payload["runs"], MIRROR, 300.0)["cycles"],
+        stalls(payload["runs"], MIRROR, 300.0)["stalls_at_cycles"],
     ) == (1, 0)
     # a short gap is no stall at +300 but one at +20 (three quarters of the delay: 15 ms)
     payload["runs"] = [{**run, "delay_ms": 20.0}]
-    assert stalls(payload, MIRROR, 20.0)["stalls"] == 11
+    assert stalls(payload["runs"], MIRROR, 20.0)["stalls"] == 11
     # nothing to split: no delay, no token times; no model without resolutions
-    assert stalls(payload, MIRROR, 0.0) is None
+    assert stalls(payload["runs"], MIRROR, 0.0) is None
     payload["runs"] = [{**run, "token_times": []}]
-    assert stalls(payload, MIRROR, 300.0) is None
+    assert stalls(payload["runs"], MIRROR, 300.0) is None
     payload["runs"] = [{k: v for k, v in run.items() if k != "resolutions"}]
-    unmodelled = stalls(payload, MIRROR, 300.0)
+    unmodelled = stalls(payload["runs"], MIRROR, 300.0)
     assert unmodelled["stalls"] == 1 and unmodelled["cycles"] is None
     assert unmodelled["stalls_at_cycles"] is None
