@@ -168,15 +168,14 @@ def stall_rows(runs: list[dict], rows: list[dict], methods, baseline: str) -> li
 
 
 def print_stalls(console, rows: list[dict], labels: dict[str, str]) -> None:
+    """One line per row of `stall_rows`: the stalls, the model's count, the pace outside them."""
     for row in rows:
-        model = (
-            ""
-            if row["cycles"] is None
-            else (
-                f" (the two-chain model: {row['cycles']}, {row['stalls_at_cycles']} where it puts them)"
-            )
-        )
-        paced = "" if row["paced_ratio"] is None else f", {row['paced_ratio']:.3f}x CRCG/Device"
+        model = paced = ""
+        if row["cycles"] is not None:
+            model = f" (the two-chain model: {row['cycles']}, {row['stalls_at_cycles']} where"
+            model += " it puts them)"
+        if row["paced_ratio"] is not None:
+            paced = f", {row['paced_ratio']:.3f}x CRCG/Device"
         console.print(
             f"+{row['delay_ms']:.0f} ms: {labels.get(row['method'], row['method'])}: "
             f"{row['stalls']} stalls{model}, {row['stall_ms_per_token']:.2f} ms a token; "
