@@ -110,7 +110,8 @@ def runs(
     out: Path = OUT,
 ) -> None:
     """One table over many latency runs: each run's per-token ratio to CRCG/Device at every
-    delay, and per network setup and delay the spread (min, median, max, targets met)."""
+    delay, and per network setup and delay the spread (min, median, max, targets met); at a
+    delay also its stalls (and where the two-chain model puts them) and the pace outside them."""
     from benchmarks.dragon_runs import run
 
     run(files, method=method, out=out, name=name)
