@@ -124,14 +124,14 @@ def info(path: Path = typer.Argument(..., help="An index folder.")) -> None:
         NO_LEADS,
         folder_bytes,
         read_manifest,
-        rebuild_command,
+        rebuild_hint,
     )
 
     manifest = read_manifest(path)
     for key, value in asdict(manifest).items():
         print(f"{key}: {value}")
     print(f"bytes: {folder_bytes(path)}")
-    rebuild = f"rebuild it: {rebuild_command(path, manifest)}"
+    rebuild = rebuild_hint(path, manifest)
     store = DocStore(path / DOCSTORE_FILE, hint=rebuild)
     try:
         leads = "stored" if store.has_leads else f"not stored: {NO_LEADS}; {rebuild}"

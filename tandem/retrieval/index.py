@@ -408,9 +408,14 @@ NO_LEADS = (
 _WARNED_NO_LEADS: set[str] = set()  # index folders named once a process
 
 
+def rebuild_hint(path: Path, manifest: Manifest) -> str:
+    """What an error or warning about an index folder ends with: the command that rebuilds it."""
+    return f"rebuild it: {rebuild_command(path, manifest)}"
+
+
 def _open_files(path: Path, manifest: Manifest) -> tuple[Any, DocStore]:
     """(faiss index, docstore) of an index folder, checked against each other and the manifest."""
-    hint = f"rebuild it: {rebuild_command(path, manifest)}"
+    hint = rebuild_hint(path, manifest)
     index = read_faiss(path / FAISS_FILE, hint)
     if manifest.index_kind == "hnsw":
         index.hnsw.efSearch = max(index.hnsw.efSearch, 64)

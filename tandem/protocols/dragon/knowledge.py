@@ -25,6 +25,7 @@ from tandem.models.base import CausalLM
 from tandem.protocols.dragon.config import DragonConfig
 from tandem.protocols.dragon.decoder import DocDecoder, RelevanceSchedule
 from tandem.protocols.dragon.prompt import RagPrompt
+from tandem.retrieval.chunking import Chunk
 from tandem.retrieval.search import (
     FILL_GAP,
     Piece,
@@ -42,6 +43,12 @@ class RetrievedDoc:
     document: str  # the chunk's document id
     position: int  # the chunk's index within its document
     lead: str | None = None  # `Chunk.lead`: the whitespace before it in its document, if known
+
+    @classmethod
+    def of(cls, chunk: Chunk, score: float) -> RetrievedDoc:
+        """A chunk of this side's corpus with its score."""
+        doc_id = f"{chunk.doc_id}#{chunk.position}"
+        return cls(doc_id, chunk.text, score, chunk.doc_id, chunk.position, chunk.lead)
 
     @property
     def put_back(self) -> bool:
@@ -107,15 +114,7 @@ class Knowledge:
         if self.retriever is None or k == 0 or not len(self.retriever):
             return []
         return [
-            RetrievedDoc(
-                doc_id=f"{chunk.doc_id}#{chunk.position}",
-                text=chunk.text,
-                score=score,
-                document=chunk.doc_id,
-                position=chunk.position,
-                lead=chunk.lead,
-            )
-            for chunk, score in self.retriever.search(question, k)
+            RetrievedDoc.of(chunk, score) for chunk, score in self.retriever.search(question, k)
         ]
 
     def filled(self, docs: list[RetrievedDoc], *, fill: int = FILL_GAP) -> list[RetrievedDoc]:
@@ -124,9 +123,9 @@ class Knowledge:
         context lays them out (documents by first retrieved chunk, then by position)."""
         gaps = small_gaps(pieces(docs), fill) if self.retriever is not None else []
         extra = [
-            RetrievedDoc(f"{c.doc_id}#{c.position}", c.text, math.nan, c.doc_id, c.position, c.lead)
+            RetrievedDoc.of(chunk, math.nan)
             for document, after, before in gaps
-            for c in self.retriever.between(document, after, before)
+            for chunk in self.retriever.between(document, after, before)
         ]
         return in_document_order(docs + extra)
 
