@@ -53,6 +53,11 @@ def timeline_rows(runs: list[dict], delays, methods=("dragon",)) -> list[dict]:
             process = [t["cpu_ms_per_token"].get("process") for t in found]
             if all(p is not None for p in process):  # files before the process clock lack it
                 cpu["process_ms_per_token"] = statistics.fmean(process)
+            window = [t["cpu_ms_per_token"].get("decode_in_window") for t in found]
+            if all(p is not None for p in process + window):  # since 2026-12-02
+                cpu["beyond_decode_ms_per_token"] = statistics.fmean(
+                    p - w for p, w in zip(process, window, strict=True)
+                )
             rows.append(
                 {
                     "method": method, "delay_ms": delay, "side": side, "runs": len(found),

@@ -102,24 +102,29 @@ def test_timeline_rows_are_kept_apart_per_dragon_variant():
     from benchmarks.dragon_timeline import timeline_rows
     from tandem.protocols.dragon.profiler import CRITICAL, PHASES, STARTUP
 
-    def timeline(gap):
+    def timeline(gap, cpu):
         return {
             "tokens": 4, "mean_gap_ms": gap, "ttft_ms": {"gap_ms": 100.0},
             "critical_ms_per_token": dict.fromkeys(CRITICAL, gap / len(CRITICAL)),
             "work_ms_per_token": dict.fromkeys(PHASES, 1.0),
-            "cpu_ms_per_token": {"decode": 1.0}, "startup_cpu_ms": {"prefill": 1.0},
+            "cpu_ms_per_token": {"decode": 1.0, **cpu}, "startup_cpu_ms": {"prefill": 1.0},
             "startup_ms": dict.fromkeys(STARTUP, 1.0),
         }  # fmt: skip
 
+    clocks = {"process": 5.0, "decode_in_window": 3.5}  # files since 2026-12-02
     runs = [
-        {"method": m, "delay_ms": 0.0, "summary": {"timeline": timeline(g), "peer_timeline": None}}
-        for m, g in (("dragon", 100.0), ("dragon-side", 50.0), ("crcg-device", 10.0))
-    ]
+        {"method": m, "delay_ms": 0.0,
+         "summary": {"timeline": timeline(g, cpu), "peer_timeline": None}}
+        for m, g, cpu in (("dragon", 100.0, {}), ("dragon-side", 50.0, clocks),
+                          ("crcg-device", 10.0, {}))
+    ]  # fmt: skip
     rows = timeline_rows(runs, [0.0], ["dragon", "dragon-side"])
     assert [(r["method"], r["side"], r["mean_gap_ms"]) for r in rows] == [
         ("dragon", "device", 100.0),
         ("dragon-side", "device", 50.0),
     ]
+    assert "beyond_decode_ms_per_token" not in rows[0]["cpu"]  # an older file: no window clock
+    assert rows[1]["cpu"]["beyond_decode_ms_per_token"] == pytest.approx(1.5)
 
 
 def test_stall_rows_split_each_dragon_variant_at_each_delay_against_crcg_device():

@@ -290,7 +290,8 @@ class DocDecoder:
         todo = tokens[len(self.tokens) :]
         if todo:
             self.relevance.prefetch(tokens)  # scored while the rows decode (it needs no logits)
-            began, cpu = time.perf_counter(), time.thread_time()
+            began = time.perf_counter()
+            cpu = time.thread_time() if self.clock is None else self.clock.decode_began()
             try:  # all k rows in one forward pass (one llama_decode / one HF call)
                 self.lm.decode(self.state, [todo] * self.num_rows, cancel=cancel)
             finally:  # a cancelled decode's time was spent too

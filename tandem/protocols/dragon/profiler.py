@@ -218,6 +218,11 @@ class Timeline:
         # work per output token (decode + the per-token Python), as `mean_gap_ms` counts it
         # (a side in its own process, as in the testbed; an in-process pair counts both sides)
         self.process_cpu: tuple[float, float] | None = None  # (first, latest)
+        # decode CPU seconds done at the first and the latest resolution, the decode in flight
+        # included: the share of `process_cpu`'s window that was decoding (the totals in `cpu`
+        # also hold the drafts decoded before the first and after the last resolution)
+        self.decode_cpu: tuple[float, float] | None = None  # (first, latest)
+        self._decoding: tuple[int, float] | None = None  # (thread CPU clock, its reading at start)
         self.started = time.perf_counter()
 
     def add(self, phase: str, seconds: float, *, cpu: bool = False) -> None:
@@ -225,6 +230,27 @@ class Timeline:
         core hardly changes, unlike wall time."""
         with self._lock:
             (self.cpu if cpu else self.totals)[phase] += seconds
+            if cpu and phase == "decode":
+                self._decoding = None
+
+    def decode_began(self) -> float:
+        """Called by the decoding thread as a decode starts (its CPU then counts towards
+        `decode_cpu` before `add("decode", ..., cpu=True)` ends it); returns the thread's CPU
+        time now, the start of what that `add` adds."""
+        began = time.thread_time()
+        clock = getattr(time, "pthread_getcpuclockid", None)  # absent: not counted in flight
+        if clock is not None:
+            with self._lock:
+                self._decoding = clock(threading.get_ident()), began
+        return began
+
+    def _decode_cpu_now(self) -> float:
+        with self._lock:  # the decoding thread is alive while `_decoding` is set
+            done = self.cpu["decode"]
+            if self._decoding is not None:
+                clock, began = self._decoding
+                done += time.clock_gettime(clock) - began
+            return done
 
     def since(self, phase: str, began: float) -> float:
         """Add the time since `began` to `phase`; returns now (to chain phases)."""
@@ -239,6 +265,8 @@ class Timeline:
         if what == "commit":
             now = time.process_time()
             self.process_cpu = (self.process_cpu or (now, now))[0], now
+            decode = self._decode_cpu_now()
+            self.decode_cpu = (self.decode_cpu or (decode, decode))[0], decode
 
     def critical(self) -> list[dict]:
         """Per resolved position: gap since the previous one (or since the start) in ms, split
@@ -264,12 +292,15 @@ class Timeline:
         if self.process_cpu is not None and len(self.commit) > 1:
             first, last = self.process_cpu
             cpu["process_per_later_token"] = (last - first) / (len(self.commit) - 1)
+            first, last = self.decode_cpu
+            cpu["decode_per_later_token"] = (last - first) / (len(self.commit) - 1)
         return summarize(dict(self.totals), self.critical(), cpu)
 
 
 def summarize(totals: dict[str, float], critical: list[dict], cpu: dict | None = None) -> dict:
     tokens = len(critical)
     process = (cpu or {}).get("process_per_later_token")
+    in_window = (cpu or {}).get("decode_per_later_token")
     later = critical[1:]
     gap = float(np.mean([r["gap_ms"] for r in later])) if later else 0.0
     work = {phase: 1e3 * totals.get(phase, 0.0) / max(tokens, 1) for phase in PHASES}
@@ -290,6 +321,8 @@ def summarize(totals: dict[str, float], critical: list[dict], cpu: dict | None =
             "decode": 1e3 * (cpu or {}).get("decode", 0.0) / max(tokens, 1),
             # every thread of this side's process between the first and the last resolution
             "process": None if process is None else 1e3 * process,
+            # the decoder's decode CPU in that same window: process - this = the rest's CPU
+            "decode_in_window": None if in_window is None else 1e3 * in_window,
         },
         "startup_cpu_ms": {"prefill": 1e3 * (cpu or {}).get("prefill", 0.0)},
         "per_token": critical,

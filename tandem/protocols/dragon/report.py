@@ -167,4 +167,8 @@ def timeline_lines(summary: dict | None, title: str) -> list[str]:
 
 def process_cpu(summary: dict) -> str:
     process = summary["cpu_ms_per_token"].get("process")
-    return "" if process is None else f"; every thread {process:.1f} ms/token"
+    if process is None:
+        return ""
+    decoding = summary["cpu_ms_per_token"].get("decode_in_window")
+    rest = "" if decoding is None else f" ({process - decoding:.1f} of it beyond decoding)"
+    return f"; every thread {process:.1f} ms/token{rest}"

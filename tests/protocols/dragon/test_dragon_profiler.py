@@ -118,6 +118,29 @@ def test_process_cpu_counts_the_work_between_the_first_and_the_last_resolution()
     assert 20 / 2 <= process < 20  # 20+ ms over two later tokens
 
 
+def _burn(seconds: float) -> None:
+    began = time.thread_time()
+    while time.thread_time() - began < seconds:
+        pass
+
+
+def test_decode_cpu_in_the_window_counts_the_decode_in_flight_and_not_the_drafts_before_it():
+    timeline = Timeline()
+    timeline.add("decode", 0.05, cpu=True)  # a draft decoded before the first resolution
+    timeline.mark("commit", 0)
+    cpu = timeline.decode_began()
+    _burn(0.02)  # 20 ms of decode CPU, still in flight at the next resolution
+    timeline.mark("commit", 1)
+    timeline.add("decode", time.thread_time() - cpu, cpu=True)
+    _burn(0.01)  # 10 ms of other work, no decode
+    timeline.mark("commit", 2)
+    cpu_ms = timeline.summary()["cpu_ms_per_token"]
+    assert 20 / 2 <= cpu_ms["decode_in_window"] < 25 / 2  # not the 50 ms before the window
+    assert 30 / 2 <= cpu_ms["process"]
+    assert 10 / 2 <= cpu_ms["process"] - cpu_ms["decode_in_window"] < 20 / 2
+    assert cpu_ms["decode"] > 50 / 3  # the totals keep every decode
+
+
 def test_live_session_reports_both_timelines(tiny_lm, tiny_lm_b, corpora):
     from tandem.protocols.dragon import run_pair
 
@@ -135,6 +158,9 @@ def test_live_session_reports_both_timelines(tiny_lm, tiny_lm_b, corpora):
         assert side["work_ms_per_token"]["decode"] > 0 and side["work_ms_per_token"]["codec"] > 0
         assert side["cpu_ms_per_token"]["decode"] > 0 and side["startup_cpu_ms"]["prefill"] > 0
         assert side["cpu_ms_per_token"]["process"] > 0
+        assert (
+            0 < side["cpu_ms_per_token"]["decode_in_window"] <= side["cpu_ms_per_token"]["process"]
+        )
         for row in side["per_token"]:
             parts = row["own_ms"] + row["peer_ms"] + row["resolve_ms"]
             assert parts == pytest.approx(row["gap_ms"])
