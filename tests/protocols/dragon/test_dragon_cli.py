@@ -43,6 +43,10 @@ def test_timeline_lines_show_ms_and_shares():
     assert lines[0].startswith("device: 3 tokens, 100.0 ms/token") and "TTFT 900 ms" in lines[0]
     assert "own 70.0 (70%)" in lines[1] and "peer 30.0 (30%)" in lines[1]
     assert "decode 50.0 (50%)" in lines[2] and lines[3].startswith("  cpu          decode 0.0")
+    assert "every thread" not in lines[3]  # no process clock: nothing to say
+    clocks = {"process_per_later_token": 0.012, "decode_per_later_token": 0.009}
+    cpu_line = timeline_lines(summarize({}, rows, clocks), "device")[3]
+    assert cpu_line.endswith("; every thread 12.0 ms/token (3.0 of it beyond decoding)")
     assert timeline_lines(None, "cloud") == ["cloud: no timeline"]
 
 
