@@ -291,7 +291,7 @@ class DocDecoder:
         if todo:
             self.relevance.prefetch(tokens)  # scored while the rows decode (it needs no logits)
             began = time.perf_counter()
-            cpu = time.thread_time() if self.clock is None else self.clock.decode_began()
+            cpu = time.thread_time() if self.clock is None else self.clock.cpu_began("decode")
             try:  # all k rows in one forward pass (one llama_decode / one HF call)
                 self.lm.decode(self.state, [todo] * self.num_rows, cancel=cancel)
             finally:  # a cancelled decode's time was spent too

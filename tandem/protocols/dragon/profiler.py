@@ -201,6 +201,7 @@ PHASES = (
 )  # fmt: skip
 CRITICAL = ("own", "peer", "resolve")  # the split of every inter-token gap
 STARTUP = ("retrieve", "kv_load", "prefill")  # once per session, before the first draft
+_THREAD_CLOCK = getattr(time, "pthread_getcpuclockid", None)  # another thread's CPU clock
 
 
 class Timeline:
@@ -222,7 +223,8 @@ class Timeline:
         # included: the share of `process_cpu`'s window that was decoding (the totals in `cpu`
         # also hold the drafts decoded before the first and after the last resolution)
         self.decode_cpu: tuple[float, float] | None = None  # (first, latest)
-        self._decoding: tuple[int, float] | None = None  # (thread CPU clock, its reading at start)
+        # phase -> (the thread's CPU clock, its reading at the start): CPU work in flight
+        self._running: dict[str, tuple[int, float]] = {}
         self.started = time.perf_counter()
 
     def add(self, phase: str, seconds: float, *, cpu: bool = False) -> None:
@@ -230,25 +232,25 @@ class Timeline:
         core hardly changes, unlike wall time."""
         with self._lock:
             (self.cpu if cpu else self.totals)[phase] += seconds
-            if cpu and phase == "decode":
-                self._decoding = None
+            if cpu:
+                self._running.pop(phase, None)
 
-    def decode_began(self) -> float:
-        """Called by the decoding thread as a decode starts (its CPU then counts towards
-        `decode_cpu` before `add("decode", ..., cpu=True)` ends it); returns the thread's CPU
-        time now, the start of what that `add` adds."""
+    def cpu_began(self, phase: str) -> float:
+        """Called by the thread that starts CPU work of `phase`: until `add(phase, ...,
+        cpu=True)` ends it, `cpu_now(phase)` counts the part done so far. Returns the thread's
+        CPU time now, the start of what that `add` adds."""
         began = time.thread_time()
-        clock = getattr(time, "pthread_getcpuclockid", None)  # absent: not counted in flight
-        if clock is not None:
+        if _THREAD_CLOCK is not None:  # absent: work in flight is not counted
             with self._lock:
-                self._decoding = clock(threading.get_ident()), began
+                self._running[phase] = _THREAD_CLOCK(threading.get_ident()), began
         return began
 
-    def _decode_cpu_now(self) -> float:
-        with self._lock:  # the decoding thread is alive while `_decoding` is set
-            done = self.cpu["decode"]
-            if self._decoding is not None:
-                clock, began = self._decoding
+    def cpu_now(self, phase: str) -> float:
+        """CPU seconds of `phase` so far, the work in flight included."""
+        with self._lock:  # the working thread is alive while its entry is in `_running`
+            done = self.cpu.get(phase, 0.0)
+            if phase in self._running:
+                clock, began = self._running[phase]
                 done += time.clock_gettime(clock) - began
             return done
 
@@ -265,7 +267,7 @@ class Timeline:
         if what == "commit":
             now = time.process_time()
             self.process_cpu = (self.process_cpu or (now, now))[0], now
-            decode = self._decode_cpu_now()
+            decode = self.cpu_now("decode")
             self.decode_cpu = (self.decode_cpu or (decode, decode))[0], decode
 
     def critical(self) -> list[dict]:

@@ -128,7 +128,7 @@ def test_decode_cpu_in_the_window_counts_the_decode_in_flight_and_not_the_drafts
     timeline = Timeline()
     timeline.add("decode", 0.05, cpu=True)  # a draft decoded before the first resolution
     timeline.mark("commit", 0)
-    cpu = timeline.decode_began()
+    cpu = timeline.cpu_began("decode")
     _burn(0.02)  # 20 ms of decode CPU, still in flight at the next resolution
     timeline.mark("commit", 1)
     timeline.add("decode", time.thread_time() - cpu, cpu=True)
