@@ -128,6 +128,7 @@ class SimConfig:
     rtt_probe_s: float = 0.5
     switch_margin_s: float = 0.0
     switch_horizon: int = DragonConfig.switch_horizon
+    scheduler_model: str = DragonConfig.scheduler_model
     prompt_context: int = 128  # context length of a row before the first draft
     recorded_rates: bool = True  # the tracker learns the trace's Eq. 5 rates (if it has them)
     # the side that does not aggregate resolves as soon as it holds both drafts (the live
@@ -211,6 +212,7 @@ class Simulation:
                     margin=config.switch_margin_s,
                     horizon=config.switch_horizon,
                     mirrored=config.mirror,
+                    model=config.scheduler_model,
                 ),
                 first_aggregator=CLOUD if strategy == CLOUD else DEVICE,
                 max_new_tokens=config.tokens,
@@ -366,6 +368,20 @@ def bootstrap_traces(
     return out
 
 
+def whole_traces(recorded: list[Trace], *, count: int, tokens: int) -> list[Trace]:
+    """`count` traces: the recorded runs in turn, each cut to its first `tokens` positions (a
+    run replayed again meets another network phase and other decode draws in `sweep`)."""
+    short = min(len(t) for t in recorded)
+    if tokens > short:
+        raise ValueError(f"{tokens} tokens asked, the shortest recorded run has {short}")
+    out = []
+    for i in range(count):
+        trace = recorded[i % len(recorded)]
+        rates = None if trace.rates is None else {s: trace.rates[s][:tokens] for s in SIDES}
+        out.append(Trace({s: trace.accepted[s][:tokens] for s in SIDES}, rates))
+    return out
+
+
 # -- recording traces (real runs) --------------------------------------------------------------
 
 QUESTIONS = (
@@ -436,6 +452,37 @@ def _record_runs(device_lm, cloud_lm, tokens: int, temperature: float, questions
     return runs
 
 
+def recording_from_latency(result: dict) -> dict:
+    """A recording from a `tandem bench dragon latency` result: the acceptance trace and decode
+    timings of each question's run of its first DRAGON method (the live form: `tandem demo`'s
+    settings), at the smallest delay the file has (a question's outcomes do not depend on the
+    delay). Raises ValueError when the file holds no DRAGON run with resolutions."""
+    runs = [r for r in result.get("runs", []) if r.get("resolutions")]
+    dragon = [r for r in runs if str(r.get("method", "")).startswith("dragon")]
+    if not dragon:
+        raise ValueError("no DRAGON run with a resolution log in this latency result")
+    method = dragon[0]["method"]
+    delay = min(r["delay_ms"] for r in dragon if r["method"] == method)
+    chosen = [r for r in dragon if r["method"] == method and r["delay_ms"] == delay]
+    setup = result.get("setup", {})
+    out = []
+    for r in chosen:
+        rows = [q for q in r["resolutions"] if q.get("aggregated", True)]
+        out.append(
+            {
+                "question": r["question"],
+                "accepted": {s: [bool(q[s]) for q in rows] for s in SIDES},
+                "rates": {s: [float(q.get(f"rate_{s}", q[s])) for q in rows] for s in SIDES},
+                "decode_times": r["decode_times"],
+                "mean_per_token_s": r.get("per_token_s"),
+            }
+        )
+    model = setup.get("model", "?")
+    return {"model": model, "cloud_model": model, "temperature": setup.get("temperature", 0.0),
+            "machines": result.get("machines"), "runs": out,
+            "source": {"method": method, "delay_ms": delay}}  # fmt: skip
+
+
 def load_recording(recording: dict, *, skip_first: int = 1) -> tuple[list[Trace], DecodeTimes]:
     """Traces and decode-time samples of a recording (each side's first `skip_first` drafts
     per run are dropped: warm-up)."""
@@ -474,6 +521,11 @@ class SchedConfig:
     acceptance_ema: float = DragonConfig.acceptance_ema  # the live default (0.3 until 2026-11-27)
     switch_margin_s: float = 0.0  # the live default (DragonConfig.switch_margin_s)
     switch_horizon: int = DragonConfig.switch_horizon  # the live default (0 until 2026-11-27)
+    # the live default ("eq7", the paper's, until 2026-12-02)
+    scheduler_model: str = DragonConfig.scheduler_model
+    # replay each recorded run whole (cycled to `traces`, each time under another network
+    # phase and decode draws) instead of block-bootstrapped mixes of all runs
+    whole_runs: bool = False
     recorded_rates: bool = True  # False: the tracker learns 0/1 outcomes (older recordings)
     lookahead: int = DragonConfig.lookahead  # the live default (8 until 2026-11-26)
     mirror: bool = False  # the paper's protocol; True replays the live default (SimConfig)
@@ -487,6 +539,7 @@ class SchedConfig:
             acceptance_ema=self.acceptance_ema,
             switch_margin_s=self.switch_margin_s,
             switch_horizon=self.switch_horizon,
+            scheduler_model=self.scheduler_model,
             recorded_rates=self.recorded_rates,
             mirror=self.mirror,
         )
@@ -574,9 +627,15 @@ def run(*, recording: dict, config: SchedConfig, out, name: str = "dragon_sched"
     from benchmarks.report import save_json
 
     recorded, decode = load_recording(recording)
-    traces = bootstrap_traces(
-        recorded, count=config.traces, tokens=config.tokens, block=config.block, seed=config.seed
-    )
+    if config.whole_runs:
+        traces = whole_traces(recorded, count=config.traces, tokens=config.tokens)
+        described = (f"{config.traces} x {config.tokens} positions: the {len(recorded)} "
+                     "recorded runs replayed whole, in turn")  # fmt: skip
+    else:
+        traces = bootstrap_traces(recorded, count=config.traces, tokens=config.tokens,
+                                  block=config.block, seed=config.seed)  # fmt: skip
+        described = (f"{config.traces} x {config.tokens} positions, block bootstrap (blocks of "
+                     f"{config.block}) of the recorded runs")  # fmt: skip
     raw = sweep(traces, decode, config)
     table = summarize(raw)
     rates = {s: float(np.mean([a for t in recorded for a in t.accepted[s]])) for s in SIDES}
@@ -596,11 +655,11 @@ def run(*, recording: dict, config: SchedConfig, out, name: str = "dragon_sched"
             "decode_mean_s": {s: float(decode.samples[s].mean()) for s in SIDES},
             "decode_std_s": {s: float(decode.samples[s].std()) for s in SIDES},
             "machines": recording.get("machines"),  # where the decode times were measured
+            "source": recording.get("source"),  # set when read from a latency result
         },  # fmt: skip
         "network": "RTT(t) = 2 ms + extra + extra/5 sin(2 pi t / (20 pi s) + phase) + N(0, "
         "max(2 ms, extra/25)) per 100 ms; one-way = RTT/2; phase uniform per trace",
-        "traces": f"{config.traces} x {config.tokens} positions, block bootstrap "
-        f"(blocks of {config.block}) of the recorded runs",
+        "traces": described,
         "summary": table,
         "paper": "Fig. 8: DRAGON matches or beats Cloud, Device, Random at every extra latency "
         "(0-400 ms), with gains growing with latency",

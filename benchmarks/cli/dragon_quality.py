@@ -13,7 +13,7 @@ import typer
 
 from benchmarks import RESULTS
 from tandem.errors import TandemError
-from tandem.protocols.dragon.config import DragonConfig
+from tandem.protocols.dragon.config import SCHEDULER_MODELS, DragonConfig
 from tandem.testbed.options import CLOUD_CPUS, DEVICE_CPUS, role_cpus
 
 OUT = typer.Option(RESULTS, "--out", help="Folder for the JSON and PNG results.")
@@ -55,7 +55,10 @@ def perplexity(
 
 def scheduling(
     recording: Path = typer.Option(
-        None, "--recording", help=f"Recorded traces (default: OUT/{TRACES_FILE} if present)."
+        None,
+        "--recording",
+        help=f"Recorded traces (default: OUT/{TRACES_FILE} if present), or a `tandem bench "
+        "dragon latency` result (its first DRAGON method's runs at its smallest delay).",
     ),
     record_new: bool = typer.Option(False, "--record", help="Record new traces first."),
     model: str = typer.Option("qwen2.5-coder-0.5b", "--model", help="Device model."),
@@ -63,7 +66,25 @@ def scheduling(
     record_tokens: int = typer.Option(64, "--record-tokens", min=8, help="Tokens per run."),
     temperature: float = typer.Option(0.7, "--temperature", min=0.0, help="0 = greedy."),
     traces: int = typer.Option(50, "--traces", min=1, help="Bootstrapped traces."),
-    tokens: int = typer.Option(100, "--tokens", min=1, help="Tokens per simulated generation."),
+    tokens: int = typer.Option(
+        None,
+        "--tokens",
+        min=1,
+        help="Tokens per simulated generation (default: 100, or the shortest run with "
+        "--whole-runs).",
+    ),
+    whole_runs: bool = typer.Option(
+        False,
+        "--whole-runs",
+        help="Replay each recorded run whole, in turn (the paper's replay of acceptance "
+        "sequences), instead of block-bootstrapped mixes of all runs.",
+    ),
+    scheduler_model: str = typer.Option(
+        DragonConfig.scheduler_model,
+        "--scheduler-model",
+        help=f"Scheduler's latency per placement: {' or '.join(SCHEDULER_MODELS)} (the paper's "
+        "Eq. 7).",
+    ),
     acceptance_ema: float = typer.Option(
         DragonConfig.acceptance_ema,
         "--acceptance-ema",
@@ -110,13 +131,21 @@ def scheduling(
     recording runs each side's model on its own cores)."""
     import torch
 
-    from benchmarks.dragon_sched import QUESTIONS, SchedConfig, record, run
+    from benchmarks.dragon_sched import (
+        QUESTIONS,
+        SchedConfig,
+        record,
+        run,
+    )
 
+    if scheduler_model not in SCHEDULER_MODELS:
+        raise TandemError(f"--scheduler-model must be one of {', '.join(SCHEDULER_MODELS)}")
     torch.set_num_threads(1)
     lookahead = lookahead or DragonConfig.lookahead
     config = SchedConfig(
-        traces=traces, tokens=tokens, acceptance_ema=acceptance_ema,
+        traces=traces, tokens=tokens or 100, acceptance_ema=acceptance_ema,
         switch_margin_s=switch_margin, switch_horizon=switch_horizon,
+        scheduler_model=scheduler_model, whole_runs=whole_runs,
         recorded_rates=not zero_one_rates, lookahead=lookahead, mirror=mirror, seed=seed,
     )  # fmt: skip
     questions = QUESTIONS
@@ -124,7 +153,7 @@ def scheduling(
         model, cloud_model = "tiny-qwen2", "tiny-qwen2-b"
         record_new, record_tokens, questions = True, 32, QUESTIONS[:2]
         config = dataclasses.replace(
-            config, traces=min(traces, 10), tokens=min(tokens, 50), extras_s=(0.0, 0.2)
+            config, traces=min(traces, 10), tokens=min(config.tokens, 50), extras_s=(0.0, 0.2)
         )
     path = recording or out / TRACES_FILE
     cpus = role_cpus(device_cpus, cloud_cpus)
@@ -141,6 +170,33 @@ def scheduling(
             data = json.loads(path.read_text())
         except (OSError, ValueError) as exc:
             raise TandemError(f"cannot read the recording {path}: {exc}") from exc
-    if max(len(r["accepted"]["device"]) for r in data["runs"]) < config.block:
+        data = _as_recording(data, path)
+    lengths = [len(r["accepted"]["device"]) for r in data["runs"]]
+    if whole_runs:
+        if tokens is not None and tokens > min(lengths):
+            raise TandemError(
+                f"--tokens {tokens} is longer than the shortest recorded run ({min(lengths)} "
+                "positions); --whole-runs replays runs as they are"
+            )
+        config = dataclasses.replace(config, tokens=tokens or min(lengths))
+    elif max(lengths) < config.block:
         raise TandemError(f"every recorded run is shorter than {config.block} positions")
     run(recording=data, config=config, out=out, name=name)
+
+
+def _as_recording(data, path: Path) -> dict:
+    """A recording as `record` writes it, or one made from a latency bench result; the file
+    it came from is kept in its `source`."""
+    from benchmarks.dragon_sched import recording_from_latency
+
+    runs = data.get("runs") if isinstance(data, dict) else None
+    if not runs:
+        raise TandemError(f"{path} holds no runs: not a recording or a latency result")
+    if "accepted" not in runs[0]:
+        try:
+            data = recording_from_latency(data)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise TandemError(
+                f"{path}: not a recording, nor a usable latency result ({exc})"
+            ) from exc
+    return {**data, "source": {**(data.get("source") or {}), "file": str(path)}}

@@ -13,7 +13,9 @@ from benchmarks.dragon_sched import (
     SimConfig,
     Trace,
     bootstrap_traces,
+    recording_from_latency,
     simulate,
+    whole_traces,
 )
 from tandem.protocols.dragon.scheduler import synchronized_latency
 
@@ -109,6 +111,105 @@ def test_dragon_is_never_much_worse_than_the_best_fixed_side(rejected):
     assert totals["dragon"] < 0.5 * max(totals["device"], totals["cloud"])
 
 
+def test_the_pipelined_model_keeps_the_device_aggregating_where_eq7_hands_over():
+    """Cloud 10x faster, 30% of its drafts rejected, every device draft accepted, 200 ms round
+    trips: a rejected cloud redrafts and catches up within the device's decode (both draft
+    ahead), so the device is the best place; Eq. 7 charges each cloud rejection the round
+    trip and moves the aggregator to the cloud, where every token also reaches the device a
+    one-way trip later."""
+    n = 64
+    trace = Trace(
+        {"device": (True,) * n, "cloud": tuple(i % 10 not in (2, 5, 8) for i in range(n))}
+    )
+    decode = DecodeTimes.constant(0.08, 0.008)
+    totals = {}
+    for model in ("pipelined", "eq7"):
+        config = SimConfig(tokens=n, scheduler_model=model)
+        totals[model] = {
+            s: simulate(trace, decode, still(0.2), s, config, seed=1) for s in STRATEGIES
+        }
+    pipelined, eq7 = totals["pipelined"], totals["eq7"]
+    assert pipelined["device"].total_s < pipelined["cloud"].total_s  # the setting's sanity
+    assert pipelined["dragon"].switches == 0
+    assert pipelined["dragon"].total_s == pytest.approx(pipelined["device"].total_s)
+    assert eq7["dragon"].switches == 1
+    assert eq7["dragon"].total_s > 1.01 * eq7["device"].total_s
+
+
+def test_replayed_whole_the_scheduler_follows_each_answer():
+    """Two answers, one where the cloud's drafts fail (40%), one where the device's do; the
+    cloud decodes 2x faster, 400 ms round trips. Each fixed placement is right for one answer;
+    the scheduler learns each answer's side within a few tokens and beats the best fixed
+    placement by far more than 5% over the two, replayed whole (`whole_traces`)."""
+    n = 64
+    fails = tuple(i % 5 not in (1, 3) for i in range(n))
+    answers = [
+        Trace({"device": (True,) * n, "cloud": fails}),
+        Trace({"device": fails, "cloud": (True,) * n}),
+    ]
+    traces = whole_traces(answers, count=4, tokens=n)
+    assert traces == answers * 2
+    decode = DecodeTimes.constant(0.08, 0.04)
+    totals = {
+        s: sum(simulate(t, decode, still(0.4), s, SimConfig(tokens=n), seed=i).total_s
+               for i, t in enumerate(traces))
+        for s in STRATEGIES
+    }  # fmt: skip
+    assert totals["dragon"] < 0.95 * min(totals["device"], totals["cloud"]), totals
+
+
+def test_whole_traces_cut_runs_and_refuse_more_tokens_than_the_shortest_has():
+    runs = [
+        Trace(
+            {"device": (True, False, True), "cloud": (False,) * 3},
+            {"device": (0.9, 0.1, 0.8), "cloud": (0.2,) * 3},
+        ),
+        Trace(
+            {"device": (True,) * 5, "cloud": (True,) * 5},
+            {"device": (1.0,) * 5, "cloud": (1.0,) * 5},
+        ),
+    ]
+    cut = whole_traces(runs, count=3, tokens=2)
+    assert [len(t) for t in cut] == [2, 2, 2]
+    assert cut[0].accepted["device"] == (True, False) and cut[0].rates["device"] == (0.9, 0.1)
+    assert cut[2] == cut[0] and cut[1].accepted["cloud"] == (True, True)
+    with pytest.raises(ValueError, match="shortest recorded run has 3"):
+        whole_traces(runs, count=1, tokens=4)
+
+
+def latency_result() -> dict:
+    """A `tandem bench dragon latency` result in miniature: a baseline without resolutions and
+    one DRAGON method at two delays (greedy: the rates are the 0/1 outcomes)."""
+
+    def dragon_run(question, delay, device):
+        rows = [
+            {"position": i, "by": "device", "aggregated": True, "device": ok, "cloud": True,
+             "rate_device": float(ok), "rate_cloud": 1.0}
+            for i, ok in enumerate(device)
+        ]  # fmt: skip
+        rows.insert(1, {**rows[0], "aggregated": False})  # the side that did not aggregate
+        return {"method": "dragon-side-static-mirror", "delay_ms": delay, "question": question,
+                "resolutions": rows, "per_token_s": 0.08,
+                "decode_times": {"device": [[100, 0.08]] * 3, "cloud": [[100, 0.04]] * 3}}  # fmt: skip
+
+    runs = [{"method": "crcg-device", "delay_ms": 0.0, "question": 0, "per_token_s": 0.08}]
+    for delay in (300.0, 0.0):
+        runs += [dragon_run(0, delay, [True] * 12), dragon_run(1, delay, [False, True] * 6)]
+    return {"setup": {"model": "m", "temperature": 0.0}, "machines": {"cpus": {}}, "runs": runs}
+
+
+def test_a_latency_result_is_a_recording_of_the_live_form():
+    recording = recording_from_latency(latency_result())
+    assert recording["source"] == {"method": "dragon-side-static-mirror", "delay_ms": 0.0}
+    assert [r["question"] for r in recording["runs"]] == [0, 1]
+    second = recording["runs"][1]
+    assert second["accepted"]["device"] == [False, True] * 6  # aggregated rows only
+    assert second["rates"]["device"] == [0.0, 1.0] * 6
+    assert recording["temperature"] == 0.0 and recording["machines"] == {"cpus": {}}
+    with pytest.raises(ValueError, match="no DRAGON run"):
+        recording_from_latency({"runs": [{"method": "crcg-device", "delay_ms": 0.0}]})
+
+
 def test_mirroring_makes_the_placement_latency_neutral():
     """With the live default (`mirror`), each side resolves a position once it holds both
     drafts, wherever the aggregator is, so every strategy gives the device the same token times
@@ -195,6 +296,35 @@ def test_cli_replays_a_recording_without_a_model(tmp_path):
     assert other["summary"] != payload["summary"]  # other traces, jitter and decode draws
     bad = CliRunner().invoke(app, ["perplexity", "--split", "nope", "--out", str(tmp_path)])
     assert bad.exit_code != 0 and "split" in str(bad.exception)
+    # a latency result replayed whole, with the paper's Eq. 7
+    latency = tmp_path / "latency.json"
+    latency.write_text(json.dumps(latency_result()))
+    whole = ["scheduling", "--recording", str(latency), "--whole-runs", "--traces", "4"]
+    done = CliRunner().invoke(
+        app, [*whole, "--scheduler-model", "eq7", "--name", "w", "--out", str(tmp_path)]
+    )
+    assert done.exit_code == 0, done.output
+    replayed = json.loads((tmp_path / "w.json").read_text())
+    assert replayed["config"]["tokens"] == 12  # the shortest run
+    assert (
+        replayed["config"]["whole_runs"] and replayed["config"]["sim"]["scheduler_model"] == "eq7"
+    )
+    assert replayed["recording"]["source"]["file"] == str(latency)
+    assert replayed["recording"]["scheduler_learns"] == "recorded Eq. 5 rates"
+    assert "replayed whole" in replayed["traces"]
+    assert payload["config"]["sim"]["scheduler_model"] == "pipelined"  # the live default
+    for extra, message in (
+        (["--tokens", "13"], "shortest recorded run (12 positions)"),
+        (["--scheduler-model", "fastest"], "--scheduler-model must be one of"),
+    ):
+        refused = CliRunner().invoke(app, [*whole, *extra, "--out", str(tmp_path)])
+        assert refused.exit_code != 0 and message in str(refused.exception), refused.output
+    stray = tmp_path / "stray.json"
+    stray.write_text(json.dumps({"runs": [{"method": "crcg-device", "delay_ms": 0.0}]}))
+    refused = CliRunner().invoke(
+        app, ["scheduling", "--recording", str(stray), "--out", str(tmp_path)]
+    )
+    assert refused.exit_code != 0 and "not a recording" in str(refused.exception)
 
 
 def test_recorded_rates_feed_the_scheduler_and_survive_the_bootstrap():

@@ -27,6 +27,8 @@ SIDES = (DEVICE, CLOUD)
 STRATEGIES = ("dragon", "device", "cloud", "random")
 SCORERS = ("embedding", "bm25", "static")
 BRANCHES = ("off", "peer", "own")
+PIPELINED = "pipelined"
+SCHEDULER_MODELS = (PIPELINED, "eq7")  # expected latency per placement: ours, the paper's
 
 
 def peer_of(side: str) -> str:
@@ -79,6 +81,10 @@ class DragonConfig:
     # a switch must repay its one-way trip within this many tokens (scheduler.py; 0: the
     # paper's rule, which prices no switch)
     switch_horizon: int = 64
+    # the scheduler's expected latency per placement: "pipelined" (ours: the slower draft
+    # stream, both sides drafting ahead) or "eq7" (the paper's, every rejection of the other
+    # side's draft a round trip on the token clock); scheduler.py
+    scheduler_model: str = PIPELINED
     timeline: bool = False  # the cloud sends its per-token timeline to the device at the end
 
     def __post_init__(self) -> None:
@@ -95,6 +101,10 @@ class DragonConfig:
             (self.relevance_temperature > 0, "relevance_temperature must be > 0"),
             (0 < self.acceptance_ema <= 1, "acceptance_ema must be in (0, 1]"),
             (self.switch_horizon >= 0, "switch_horizon must be >= 0"),
+            (
+                self.scheduler_model in SCHEDULER_MODELS,
+                f"scheduler_model must be one of {', '.join(SCHEDULER_MODELS)}",
+            ),
             (0 < self.slope_weight <= 1, "slope_weight must be in (0, 1]"),
             (self.rtt_probe_s >= 0, "rtt_probe_s must be >= 0"),
             (self.bandwidth_probe_bytes >= 0, "bandwidth_probe_bytes must be >= 0"),

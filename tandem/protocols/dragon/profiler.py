@@ -135,7 +135,14 @@ def cached_profile(lm, *, batch: int, cache_dir: Path, **kwargs) -> LatencyModel
 
 
 class AcceptanceTracker:
-    """Moving-average acceptance rate per side (the first observation initialises it)."""
+    """Acceptance rate per side: Laplace's rule of succession, (1 + accepted) / (2 + seen),
+    until a moving average of weight `weight` takes over (once 1 / (seen + 2) < weight).
+
+    Until 2026-12-02 the first observation initialised the average. Greedy runs observe 0/1,
+    so the first position set a side's rate to 0 or 1, and with the live weight 0.05 it took
+    some 20 positions to come back; on replayed traces the scheduler acted on that early
+    error and lost up to 3.9% to a fixed placement (docs/dragon-figures.md, "A pipelined
+    latency model")."""
 
     def __init__(self, weight: float = 0.3):
         self.weight = weight
@@ -146,11 +153,12 @@ class AcceptanceTracker:
     def observe(self, rates: dict[str, float], accepted: dict[str, bool]) -> None:
         """`rates`: this step's estimate per side (Eq. 5, or 0/1 when greedy)."""
         self.seen += 1
+        step = max(self.weight, 1.0 / (self.seen + 2))
         for side in SIDES:
             self.accepted[side] += int(accepted[side])
             old = self.rates[side]
-            new = float(rates[side])
-            self.rates[side] = new if old is None else (1 - self.weight) * old + self.weight * new
+            old = 0.5 if old is None else old
+            self.rates[side] = old + step * (float(rates[side]) - old)
 
     def alpha(self) -> dict[str, float]:
         return {side: (0.5 if rate is None else rate) for side, rate in self.rates.items()}

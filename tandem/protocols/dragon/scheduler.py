@@ -9,8 +9,18 @@ the other side):
 - *Z_s* (Eq. 7): expected latency per token if side s aggregates from now on:
   `Z_s = alpha_o max(c_s, c_o) + (1 - alpha_o) max(c_s, c_o + rtt)`, o the other side.
   A rejected draft of the other side costs a round trip; a rejected local draft does not.
-- *latency gap* (Eq. 8): `Z_here - Z_there`; the aggregator moves when it is > 0 (the
-  paper's rule), or, with a *switch horizon* H (ours), when it exceeds rtt / 2 / H: a switch
+- *pipelined Z'_s* (ours, the default model): `Z'_s = max(c_s, c_o + (1 - alpha_o) rtt)`.
+  Eq. 7 charges every rejection of the other side's draft a whole round trip on the token
+  clock, as if no side drafted ahead. Both sides do (`lookahead` drafts): a rejected
+  non-aggregator loses a round trip of its own drafting (it redrafts from the target once it
+  arrives), but the aggregator keeps drafting meanwhile, so the token rate is that of the
+  slower of the two draft streams, each side's decode plus its own stalls. Where c_o < c_s <
+  c_o + rtt the two disagree (Eq. 7 is the larger): a faster side that does not aggregate
+  catches up on its rejections within the lookahead. On replayed traces Eq. 7 moved the
+  aggregator onto a 10x faster cloud whose drafts failed more often and lost 1-5% to the
+  device (docs/dragon-figures.md, "A pipelined latency model").
+- *latency gap* (Eq. 8): `Z_here - Z_there` (or `Z'`); the aggregator moves when it is > 0
+  (the paper's rule), or, with a *switch horizon* H (ours), when it exceeds rtt / 2 / H: a switch
   costs a one-way trip (the new aggregator waits for the switch message), which Eq. 8 leaves
   out, so the move must repay it within H tokens. Without it, on replayed traces where the
   sides' decode costs differ 2-3x, noise in the acceptance estimates flipped the aggregator
@@ -34,7 +44,14 @@ import math
 import random
 from dataclasses import dataclass
 
-from tandem.protocols.dragon.config import CLOUD, DEVICE, STRATEGIES, peer_of
+from tandem.protocols.dragon.config import (
+    CLOUD,
+    DEVICE,
+    PIPELINED,
+    SCHEDULER_MODELS,
+    STRATEGIES,
+    peer_of,
+)
 from tandem.sampling.seeds import position_seed
 
 
@@ -68,6 +85,23 @@ def latency_gap_piecewise(
     if c_dec_l <= c_dec_r + rtt:
         return (1 - alpha_r) * j + (alpha_l - alpha_r) * rtt
     return (alpha_l - 1) * rtt
+
+
+def pipelined_latency(
+    c_dec_self: float, c_dec_other: float, alpha_other: float, rtt: float
+) -> float:
+    """Ours: seconds per token while `self` aggregates and both sides draft ahead: the slower
+    draft stream, the other side's paying a round trip per rejected draft."""
+    return max(c_dec_self, c_dec_other + (1.0 - alpha_other) * rtt)
+
+
+def pipelined_gap(
+    c_dec_l: float, c_dec_r: float, alpha_l: float, alpha_r: float, rtt: float
+) -> float:
+    """`latency_gap` with `pipelined_latency` for Eq. 7; > 0 means r is the better aggregator."""
+    return pipelined_latency(c_dec_l, c_dec_r, alpha_r, rtt) - pipelined_latency(
+        c_dec_r, c_dec_l, alpha_l, rtt
+    )
 
 
 def synchronized_latency(c_dec_device: float, c_dec_cloud: float, rtt: float) -> float:
@@ -109,7 +143,7 @@ class Estimates:
 @dataclass(frozen=True)
 class Decision:
     aggregator: str  # side that aggregates the next position
-    gap: float  # Z_here - Z_there (Eq. 8), seconds; 0 for non-dragon strategies
+    gap: float  # Z_here - Z_there (Eq. 8, or Z' pipelined), seconds; 0 for non-dragon strategies
 
 
 class Scheduler:
@@ -123,25 +157,33 @@ class Scheduler:
         margin: float = 0.0,
         horizon: int = 0,
         mirrored: bool = False,
+        model: str = PIPELINED,
     ):
         """`margin`: seconds per token the other side must be better by; `horizon`: tokens a
         switch must repay its one-way trip in (0: no such price, the paper's rule);
-        `mirrored`: the protocol mirrors, so "dragon" never moves the aggregator."""
+        `mirrored`: the protocol mirrors, so "dragon" never moves the aggregator; `model`:
+        "pipelined" (ours) or "eq7" (the paper's) expected latency per placement."""
         if strategy not in STRATEGIES:
             raise ValueError(f"unknown strategy {strategy!r}")
         if horizon < 0:
             raise ValueError("horizon must be >= 0")
+        if model not in SCHEDULER_MODELS:
+            raise ValueError(f"unknown scheduler model {model!r}")
         self.strategy = strategy
         self.seed = seed
         self.margin = margin
         self.horizon = horizon
         self.mirrored = mirrored
+        self.model = model
+        self._gap = pipelined_gap if model == PIPELINED else latency_gap
 
     @classmethod
     def for_config(cls, config) -> Scheduler:
-        """The scheduler a `DragonConfig` describes (strategy, seed, margin, horizon, mirror)."""
+        """The scheduler a `DragonConfig` describes (strategy, seed, margin, horizon, mirror,
+        model)."""
         return cls(config.strategy, seed=config.seed, margin=config.switch_margin_s,
-                   horizon=config.switch_horizon, mirrored=config.mirror)  # fmt: skip
+                   horizon=config.switch_horizon, mirrored=config.mirror,
+                   model=config.scheduler_model)  # fmt: skip
 
     def decide(self, here: str, position: int, estimates: Estimates | None) -> Decision:
         if self.strategy in (DEVICE, CLOUD):
@@ -152,7 +194,7 @@ class Scheduler:
         if estimates is None:
             return Decision(here, 0.0)
         there = peer_of(here)
-        gap = latency_gap(
+        gap = self._gap(
             estimates.c_dec[here],
             estimates.c_dec[there],
             estimates.alpha[here],

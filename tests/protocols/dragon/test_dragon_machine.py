@@ -80,7 +80,8 @@ def test_the_aggregator_resolves_as_soon_as_both_drafts_are_queued():
     assert target == SendTarget(0, 5, {"device": True, "cloud": False})
     assert decided.decision.aggregator == "device" and decided.estimates.rtt == 0.05
     assert m.committed == [5] and m.epochs == {"device": 0, "cloud": 1}
-    assert m.tracker.alpha() == {"device": 1.0, "cloud": 0.0}  # the first outcome, as is
+    # the first outcome at the moving average's weight (0.5 here) from the prior 0.5
+    assert m.tracker.alpha() == {"device": 0.75, "cloud": 0.25}
 
 
 def test_a_rejection_bumps_the_epoch_and_stale_drafts_are_dropped():

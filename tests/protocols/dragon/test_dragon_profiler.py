@@ -47,11 +47,31 @@ def test_model_without_offline_fit_starts_from_the_first_sample():
 def test_acceptance_moving_average():
     tracker = AcceptanceTracker(weight=0.5)
     assert tracker.alpha() == {"device": 0.5, "cloud": 0.5}
+    # Laplace's first step (weight 1/3) is smaller than 0.5: the moving average's applies
     tracker.observe({"device": 1.0, "cloud": 0.0}, {"device": True, "cloud": False})
-    assert tracker.alpha() == {"device": 1.0, "cloud": 0.0}
+    assert tracker.alpha() == {"device": 0.75, "cloud": 0.25}
     tracker.observe({"device": 0.0, "cloud": 1.0}, {"device": False, "cloud": True})
-    assert tracker.alpha() == {"device": 0.5, "cloud": 0.5}
+    assert tracker.alpha() == {"device": 0.375, "cloud": 0.625}
     assert tracker.observed_rate("device") == 0.5
+
+
+def test_acceptance_starts_as_laplaces_rule_then_moves_to_the_average():
+    """(1 + accepted) / (2 + seen) while 1 / (seen + 2) > weight, so one greedy 0/1 outcome
+    cannot set a rate to 0 or 1; then each observation weighs `weight`."""
+    tracker = AcceptanceTracker(weight=0.05)
+    outcomes = [False, True, True, False, True] + [True] * 13  # 18: 1 / 20 == weight
+    for n, ok in enumerate(outcomes, start=1):
+        tracker.observe({"device": float(ok), "cloud": 1.0}, {"device": ok, "cloud": True})
+        laplace = (1 + sum(outcomes[:n])) / (2 + n)
+        assert tracker.alpha()["device"] == pytest.approx(laplace)
+        assert tracker.alpha()["cloud"] == pytest.approx((1 + n) / (2 + n))
+    before = tracker.alpha()["device"]
+    tracker.observe({"device": 0.0, "cloud": 1.0}, {"device": False, "cloud": True})
+    assert tracker.alpha()["device"] == pytest.approx(0.95 * before)  # weight 0.05 from here
+    # recorded Eq. 5 rates (sampling) go through the same steps
+    rated = AcceptanceTracker(weight=0.05)
+    rated.observe({"device": 0.8, "cloud": 0.2}, {"device": True, "cloud": False})
+    assert rated.alpha() == pytest.approx({"device": 0.6, "cloud": 0.4})
 
 
 def test_link_estimator_measures_rtt_and_uplink_rate_in_band():

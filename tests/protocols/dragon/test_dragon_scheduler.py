@@ -13,6 +13,8 @@ from tandem.protocols.dragon.scheduler import (
     expected_latency,
     latency_gap,
     latency_gap_piecewise,
+    pipelined_gap,
+    pipelined_latency,
     predicted_speedup,
     synchronized_latency,
 )
@@ -77,26 +79,64 @@ def test_margin_and_missing_estimates_keep_the_aggregator():
 def test_a_switch_horizon_prices_the_one_way_trip_a_switch_costs():
     """With horizon H the aggregator moves only when the gap exceeds rtt / 2 / H (the switch's
     one-way trip repaid within H tokens); H = 0 is the paper's rule (any positive gap)."""
-    # the cloud decodes 2x faster, its drafts pass a little less often: a small gap for it
-    near = estimates(0.11, 0.055, 0.90, 0.85, 0.4)
-    gap = Scheduler("dragon").decide("device", 0, near).gap
-    assert 0 < gap < 0.05
-    price_horizon = 0.2 / gap  # rtt / 2 / H == gap
-    stay, move = int(price_horizon) - 1, int(price_horizon) + 1
-    assert stay >= 1
-    assert Scheduler("dragon", horizon=0).decide("device", 0, near).aggregator == "cloud"
-    assert Scheduler("dragon", horizon=move).decide("device", 0, near).aggregator == "cloud"
-    assert Scheduler("dragon", horizon=stay).decide("device", 0, near).aggregator == "device"
-    # the larger of margin and the horizon's price applies
-    assert (
-        Scheduler("dragon", margin=gap + 1e-6, horizon=10_000).decide("device", 0, near).aggregator
-        == "device"
-    )
+    # the cloud decodes 2x faster, its drafts pass less often: a small gap for it under
+    # either model
+    for model, near in (
+        ("eq7", estimates(0.11, 0.055, 0.90, 0.85, 0.4)),
+        ("pipelined", estimates(0.11, 0.055, 0.90, 0.75, 0.4)),
+    ):
+        gap = Scheduler("dragon", model=model).decide("device", 0, near).gap
+        assert 0 < gap < 0.05
+        price_horizon = 0.2 / gap  # rtt / 2 / H == gap
+        stay, move = int(price_horizon) - 1, int(price_horizon) + 1
+        assert stay >= 1
+        for horizon, side in ((0, "cloud"), (move, "cloud"), (stay, "device")):
+            scheduler = Scheduler("dragon", horizon=horizon, model=model)
+            assert scheduler.decide("device", 0, near).aggregator == side
+        # the larger of margin and the horizon's price applies
+        tight = Scheduler("dragon", margin=gap + 1e-6, horizon=10_000, model=model)
+        assert tight.decide("device", 0, near).aggregator == "device"
     with pytest.raises(ValueError, match="horizon"):
         Scheduler("dragon", horizon=-1)
     live = Scheduler.for_config(DragonConfig(switch_horizon=7, switch_margin_s=0.01, seed=3))
     assert (live.horizon, live.margin, live.seed, live.strategy) == (7, 0.01, 3, "dragon")
     assert Scheduler.for_config(DragonConfig()).horizon == 64  # the live default
+
+
+@given(seconds, seconds, rates, st.floats(min_value=0.0, max_value=2.0))
+def test_pipelined_latency_is_eq7_where_a_side_is_the_bottleneck_else_below(c_l, c_r, a_r, rtt):
+    """Z' = max(c_l, c_r + (1 - a_r) rtt) never exceeds Eq. 7's expectation (the max of
+    expectations is at most the expectation of the max), and equals it where one stream
+    bounds the other whatever the outcome: c_r >= c_l (the drafting side is the slower) or
+    c_r + rtt <= c_l (even a rejected draft arrives in time)."""
+    pipelined = pipelined_latency(c_l, c_r, a_r, rtt)
+    eq7 = expected_latency(c_l, c_r, a_r, rtt)
+    assert pipelined <= eq7 + 1e-12
+    if c_r >= c_l or c_r + rtt <= c_l:
+        assert pipelined == pytest.approx(eq7, abs=1e-12)
+
+
+def test_pipelined_model_keeps_a_slower_bottleneck_aggregating():
+    """Cloud 10x faster than the device and its drafts rejected 30% of the time, the
+    device's 3%: Eq. 7 charges each cloud rejection the round trip on the token
+    clock and hands the aggregator to the cloud; with both sides drafting ahead the cloud
+    catches up within the device's decode time (0.008 + 0.3 x 0.2 < 0.08), so the device (the
+    bottleneck) keeps it: Z'_device = c_device, Z'_cloud = c_device + 0.03 rtt."""
+    est = estimates(0.08, 0.008, 0.97, 0.7, 0.2)
+    assert Scheduler("dragon", model="eq7").decide("device", 0, est).aggregator == "cloud"
+    kept = Scheduler("dragon").decide("device", 0, est)  # the default model: pipelined
+    assert kept.aggregator == "device"
+    assert kept.gap == pytest.approx(pipelined_gap(0.08, 0.008, 0.97, 0.7, 0.2))
+    assert kept.gap == pytest.approx(0.08 - (0.08 + 0.03 * 0.2))
+    # where the device's drafts fail more instead, both models hand it to the device (its own
+    # rejections then cost no trip)
+    moved = estimates(0.08, 0.008, 0.7, 0.97, 0.2)
+    for model in ("eq7", "pipelined"):
+        assert Scheduler("dragon", model=model).decide("cloud", 0, moved).aggregator == "device"
+    assert Scheduler.for_config(DragonConfig()).model == "pipelined"  # the live default
+    assert Scheduler.for_config(DragonConfig(scheduler_model="eq7")).model == "eq7"
+    with pytest.raises(ValueError, match="scheduler model"):
+        Scheduler("dragon", model="fastest")
 
 
 def test_mirrored_dragon_keeps_the_aggregator_and_reports_eq8():
