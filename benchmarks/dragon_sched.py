@@ -465,20 +465,21 @@ def recording_from_latency(result: dict) -> dict:
     delay = min(r["delay_ms"] for r in dragon if r["method"] == method)
     chosen = [r for r in dragon if r["method"] == method and r["delay_ms"] == delay]
     setup = result.get("setup", {})
+    temperature = setup.get("temperature", 0.0)
     out = []
     for r in chosen:
         rows = [q for q in r["resolutions"] if q.get("aggregated", True)]
-        out.append(
-            {
-                "question": r["question"],
-                "accepted": {s: [bool(q[s]) for q in rows] for s in SIDES},
-                "rates": {s: [float(q.get(f"rate_{s}", q[s])) for q in rows] for s in SIDES},
-                "decode_times": r["decode_times"],
-                "mean_per_token_s": r.get("per_token_s"),
-            }
-        )
+        run = {
+            "question": r["question"],
+            "accepted": {s: [bool(q[s]) for q in rows] for s in SIDES},
+            "decode_times": r["decode_times"],
+            "mean_per_token_s": r.get("per_token_s"),
+        }
+        if temperature > 0:  # Eq. 5's rates; greedy, the tracker learns the 0/1 outcomes
+            run["rates"] = {s: [float(q[f"rate_{s}"]) for q in rows] for s in SIDES}
+        out.append(run)
     model = setup.get("model", "?")
-    return {"model": model, "cloud_model": model, "temperature": setup.get("temperature", 0.0),
+    return {"model": model, "cloud_model": model, "temperature": temperature,
             "machines": result.get("machines"), "runs": out,
             "source": {"method": method, "delay_ms": delay}}  # fmt: skip
 

@@ -204,8 +204,15 @@ def test_a_latency_result_is_a_recording_of_the_live_form():
     assert [r["question"] for r in recording["runs"]] == [0, 1]
     second = recording["runs"][1]
     assert second["accepted"]["device"] == [False, True] * 6  # aggregated rows only
-    assert second["rates"]["device"] == [0.0, 1.0] * 6
+    assert "rates" not in second  # greedy: the tracker learns the 0/1 outcomes
     assert recording["temperature"] == 0.0 and recording["machines"] == {"cpus": {}}
+    sampled = latency_result()
+    sampled["setup"]["temperature"] = 0.7
+    for run in sampled["runs"][1:]:
+        for row in run["resolutions"]:
+            row["rate_device"] = 0.25
+    rated = recording_from_latency(sampled)["runs"][1]
+    assert rated["rates"] == {"device": [0.25] * 12, "cloud": [1.0] * 12}
     with pytest.raises(ValueError, match="no DRAGON run"):
         recording_from_latency({"runs": [{"method": "crcg-device", "delay_ms": 0.0}]})
 
@@ -310,7 +317,7 @@ def test_cli_replays_a_recording_without_a_model(tmp_path):
         replayed["config"]["whole_runs"] and replayed["config"]["sim"]["scheduler_model"] == "eq7"
     )
     assert replayed["recording"]["source"]["file"] == str(latency)
-    assert replayed["recording"]["scheduler_learns"] == "recorded Eq. 5 rates"
+    assert replayed["recording"]["scheduler_learns"] == "0/1 outcomes"  # greedy
     assert "replayed whole" in replayed["traces"]
     assert payload["config"]["sim"]["scheduler_model"] == "pipelined"  # the live default
     for extra, message in (
