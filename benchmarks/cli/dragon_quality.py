@@ -156,6 +156,8 @@ def scheduling(
             config, traces=min(traces, 10), tokens=min(config.tokens, 50), extras_s=(0.0, 0.2)
         )
     path = recording or out / TRACES_FILE
+    if recording is not None and not record_new and not recording.is_file():
+        raise TandemError(f"no recording at {recording} (--record records new traces)")
     cpus = role_cpus(device_cpus, cloud_cpus)
     if record_new or not path.is_file():
         data = record(

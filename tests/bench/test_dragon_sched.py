@@ -326,6 +326,10 @@ def test_cli_replays_a_recording_without_a_model(tmp_path):
     ):
         refused = CliRunner().invoke(app, [*whole, *extra, "--out", str(tmp_path)])
         assert refused.exit_code != 0 and message in str(refused.exception), refused.output
+    missing = CliRunner().invoke(
+        app, ["scheduling", "--recording", str(tmp_path / "nope.json"), "--out", str(tmp_path)]
+    )
+    assert missing.exit_code != 0 and "no recording at" in str(missing.exception)
     stray = tmp_path / "stray.json"
     stray.write_text(json.dumps({"runs": [{"method": "crcg-device", "delay_ms": 0.0}]}))
     refused = CliRunner().invoke(
