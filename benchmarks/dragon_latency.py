@@ -47,10 +47,12 @@ METHODS = ("crcg-device", "crcg-cloud", "drcg-text", "drcg-kv", "drdg-sw", "drdg
 # Not the paper's, run only when asked for: DRAGON with one decode row per side holding all its
 # documents (DragonConfig.rows = "side"), the same with static relevance weights (the
 # retrieval scores, as Fig. 5's perplexity bench weighs documents; no re-scoring while
-# decoding), and that with branch drafts ("own", "peer") or mirrored resolution
+# decoding), and that with branch drafts ("own", "peer"), mirrored resolution, or the
+# aggregator fixed on one side (the paper's protocol: Fig. 8's fixed placements, live)
 EXTRA_METHODS = (
     "dragon-side", "dragon-side-static", "dragon-side-static-own", "dragon-side-static-peer",
-    "dragon-side-static-mirror", "crcg-device-contended",
+    "dragon-side-static-mirror", "dragon-side-static-device", "dragon-side-static-cloud",
+    "crcg-device-contended",
 )  # fmt: skip
 # issue 14's per-token targets over CRCG/Device, by extra delay (ms); TTFT and the cut below
 # DRDG/TW are checked at +0 and +300 in `targets`
@@ -72,6 +74,8 @@ LABELS = {
     "dragon-side-static-own": "DRAGON, 1 row/side, static, branch on own 2nd choice",
     "dragon-side-static-peer": "DRAGON, 1 row/side, static, branch on peer's token",
     "dragon-side-static-mirror": "DRAGON, 1 row/side, static, mirrored resolution",
+    "dragon-side-static-device": "DRAGON, 1 row/side, static, aggregator on the device",
+    "dragon-side-static-cloud": "DRAGON, 1 row/side, static, aggregator on the cloud",
     CONTROL: "CRCG/Device, cloud cores decoding (testbed control)",
 }  # fmt: skip
 # every DRAGON variant the bench runs: its DragonConfig fields beyond the bench's own
@@ -83,6 +87,8 @@ DRAGONS = {  # the variants measured before mirroring existed keep it off
     "dragon-side-static-own": {**_STATIC, "branch": "own", "mirror": False},
     "dragon-side-static-peer": {**_STATIC, "branch": "peer", "mirror": False},
     "dragon-side-static-mirror": {**_STATIC, "mirror": True},
+    "dragon-side-static-device": {**_STATIC, "mirror": False, "strategy": "device"},
+    "dragon-side-static-cloud": {**_STATIC, "mirror": False, "strategy": "cloud"},
 }
 
 

@@ -42,7 +42,8 @@ def latency(
         "dragon-side-static (ours: one row per side, retrieval scores as weights), "
         "dragon-side-static-own / -peer (the same with branch drafts after its own second "
         "choice / after the peer's token), dragon-side-static-mirror (the same, both sides "
-        "resolving); crcg-device-contended (a testbed control: CRCG/Device while the cloud's "
+        "resolving), dragon-side-static-device / -cloud (the aggregator fixed on that side); "
+        "crcg-device-contended (a testbed control: CRCG/Device while the cloud's "
         "cores decode nonstop).",
     ),  # fmt: skip
     public: str = PUBLIC,

@@ -81,7 +81,7 @@ def test_dragon_variants_run_the_dragon_method_with_their_config():
     assert set(EXTRA_METHODS) - {CONTROL} <= set(DRAGONS) and set(DRAGONS) <= set(LABELS)
     assert CONTROL in LABELS and CONTROL not in DRAGONS  # a device-only run, not a variant
     configs = [bench_config(8, method=m) for m in DRAGONS]
-    paper, side, static, own, peer, mirror = configs
+    paper, side, static, own, peer, mirror, on_device, on_cloud = configs
     assert (mirror.rows, mirror.scorer, mirror.mirror, static.mirror) == (
         "side",
         "static",
@@ -94,6 +94,11 @@ def test_dragon_variants_run_the_dragon_method_with_their_config():
     assert (own.rows, own.scorer, own.branch) == ("side", "static", "own")
     assert (peer.rows, peer.scorer, peer.branch) == ("side", "static", "peer")
     assert not any(c.mirror for c in (paper, side, static, own, peer))  # as they were measured
+    # Fig. 8's fixed placements, live: the paper's protocol, the aggregator on one side
+    assert [c.strategy for c in configs] == ["dragon"] * 6 + ["device", "cloud"]
+    for fixed in (on_device, on_cloud):
+        assert (fixed.rows, fixed.scorer, fixed.mirror) == ("side", "static", False)
+    assert (on_device.first_aggregator, on_cloud.first_aggregator) == ("device", "cloud")
     assert bench_config(8, method="crcg-device").mirror  # baselines: the bench's defaults
     assert all(c.timeline and c.max_new_tokens == 8 for c in configs)
 
