@@ -131,12 +131,7 @@ def scheduling(
     recording runs each side's model on its own cores)."""
     import torch
 
-    from benchmarks.dragon_sched import (
-        QUESTIONS,
-        SchedConfig,
-        record,
-        run,
-    )
+    from benchmarks.dragon_sched import QUESTIONS, SchedConfig, record, run
 
     if scheduler_model not in SCHEDULER_MODELS:
         raise TandemError(f"--scheduler-model must be one of {', '.join(SCHEDULER_MODELS)}")

@@ -17,8 +17,9 @@ the other side):
   slower of the two draft streams, each side's decode plus its own stalls. Where c_o < c_s <
   c_o + rtt the two disagree (Eq. 7 is the larger): a faster side that does not aggregate
   catches up on its rejections within the lookahead. On replayed traces Eq. 7 moved the
-  aggregator onto a 10x faster cloud whose drafts failed more often and lost 1-5% to the
-  device (docs/dragon-figures.md, "A pipelined latency model").
+  aggregator onto a 10x faster cloud whose drafts failed more often and lost up to 3.2% to
+  fixed placements; the pipelined model stayed within 1.7% (docs/dragon-figures.md, "A
+  pipelined latency model").
 - *latency gap* (Eq. 8): `Z_here - Z_there` (or `Z'`); the aggregator moves when it is > 0
   (the paper's rule), or, with a *switch horizon* H (ours), when it exceeds rtt / 2 / H: a switch
   costs a one-way trip (the new aggregator waits for the switch message), which Eq. 8 leaves
