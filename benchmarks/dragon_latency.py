@@ -157,7 +157,7 @@ SHARED = ["the delay proxy (the wire, not pinned)"]
 
 def measure(
     *, model, public, private, net_name, methods, delays, questions, tokens: int, console, machines,
-    delayed: str = "both", jitter: float = JITTER,
+    delayed: str = "both", jitter: float = JITTER, cloud_model: str | None = None,
 ) -> tuple[list[dict], dict]:  # fmt: skip
     """Build both sides' indexes, start the testbed on `machines.cpus` and `sweep`: (runs,
     network facts); what each side saw of itself goes to `machines.observed`."""
@@ -166,8 +166,9 @@ def measure(
     public_index, private_index = prepare_indexes(model, public, private)
     indexes = {"public_index": public_index, "private_index": private_index}
     with Testbed(
-        model=model, name=net_name, cpus=machines.cpus, delayed=delayed, jitter=jitter, **indexes
-    ) as bed:
+        model=model, name=net_name, cpus=machines.cpus, delayed=delayed, jitter=jitter,
+        cloud_model=cloud_model, **indexes,
+    ) as bed:  # fmt: skip
         machines.observed = bed.observed
         network = {
             "mode": bed.status.mode,
@@ -300,11 +301,13 @@ def run(
     cpus: dict[str, list[int]] | None = None,
     delayed: str = "both",
     jitter: float = JITTER,
+    cloud_model: str | None = None,
 ) -> dict:
     """Fig. 6 + Theorem 6.2: run, save dragon_latency.json / .png, print a table. `cpus`:
     each side's cores (default `tandem.testbed.cpus.role_cpus()`); `delayed`: which
     directions carry the delay (`NetConfig.delayed`); `jitter`: as a fraction of the delay
-    (the paper's 1/5; any other value makes the run a testbed control, said in the headline)."""
+    (the paper's 1/5; any other value makes the run a testbed control, said in the headline);
+    `cloud_model`: the cloud's model (default `model`: the paper's one model on both sides)."""
     from tandem.testbed.cpus import role_cpus
 
     console = Console()
@@ -316,7 +319,7 @@ def run(
     runs, network = measure(
         model=model, public=public, private=private, net_name=net_name, methods=methods,
         delays=delays, questions=chosen, tokens=tokens, console=console, machines=machines,
-        delayed=delayed, jitter=jitter,
+        delayed=delayed, jitter=jitter, cloud_model=cloud_model,
     )  # fmt: skip
     rows = [
         {
@@ -336,7 +339,8 @@ def run(
         )
     payload = {
         "setup": {
-            "model": model, "both_sides_same_model": True, "network": network,
+            "model": model, "cloud_model": cloud_model or model,
+            "both_sides_same_model": cloud_model in (None, model), "network": network,
             "jitter": f"delay x {jitter:g}, uniform, each delayed direction", "delayed": delayed,
             "jitter_fraction": jitter, "delays_ms": list(delays),
             "max_new_tokens": tokens, "questions": list(chosen), "docs_per_side": 2,

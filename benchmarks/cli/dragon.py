@@ -55,6 +55,12 @@ def latency(
         help="Jitter of each delayed direction as a fraction of its delay (the paper's 0.2; "
         "another value, such as 0, makes the run a testbed control).",
     ),
+    cloud_model: str = typer.Option(
+        "",
+        "--cloud-model",
+        help="The cloud's model (default: --model on both sides, as in the paper); it must "
+        "share the device model's tokenizer.",
+    ),
     device_cpus: str = DEVICE_CPUS,
     cloud_cpus: str = CLOUD_CPUS,
     out: Path = OUT,
@@ -74,7 +80,7 @@ def latency(
         questions=questions or None, public=public, private=private,
         methods=tuple(m for m in known if m in methods) if methods else METHODS,
         cpus=role_cpus(device_cpus, cloud_cpus), delayed=_delayed(delayed),
-        jitter=jitter_fraction(jitter),
+        jitter=jitter_fraction(jitter), cloud_model=cloud_model or None,
     )  # fmt: skip
 
 

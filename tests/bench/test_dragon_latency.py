@@ -225,6 +225,52 @@ def test_quick_latency_and_ttft_runs(tmp_path, monkeypatch):
     assert all(r["ttft_s"] > 0 for r in ttft["table"])
 
 
+def test_the_cloud_may_run_another_model(tmp_path, monkeypatch):
+    """`--cloud-model`: the cloud process loads its own model (sharing the device model's
+    tokenizer), the baselines on the cloud and DRAGON's cloud side run it, and the result says
+    which model each side ran."""
+    from benchmarks import dragon_latency
+    from tandem.baselines.dragon.testbed import Testbed
+
+    index = tmp_path / "index"
+    assert Testbed(model="m", public_index=index, private_index=index).cloud_model == "m"
+    bed = Testbed(model="m", public_index=index, private_index=index, cloud_model="c")
+    assert (bed.model, bed.cloud_model) == ("m", "c")
+    monkeypatch.setenv("TANDEM_HOME", str(tmp_path / "home"))
+    corpora = {}
+    for name, texts in (("public", CLOUD_TEXTS), ("private", DEVICE_TEXTS)):
+        folder = tmp_path / name
+        folder.mkdir()
+        for number, text in enumerate(texts):
+            (folder / f"{name}{number}.txt").write_text(text + "\n")
+        corpora[name] = str(folder)
+    from tandem.baselines.dragon import testbed
+
+    started, popen = [], testbed.subprocess.Popen
+
+    def recording_popen(argv, *args, **kwargs):
+        started.append(list(argv))
+        return popen(argv, *args, **kwargs)
+
+    monkeypatch.setattr(testbed.subprocess, "Popen", recording_popen)
+    out = tmp_path / "out"
+    result = dragon_latency.run(
+        out=out, quick=True, model="tiny-qwen2", cloud_model="tiny-qwen2-b", delays=(0.0,),
+        tokens=3, methods=("crcg-cloud", "dragon-side-static"), net_name="tandem-dbtest2",
+        **corpora,
+    )  # fmt: skip
+    setup = json.loads((out / "dragon_latency.json").read_text())["setup"]
+    assert (setup["model"], setup["cloud_model"]) == ("tiny-qwen2", "tiny-qwen2-b")
+    assert setup["both_sides_same_model"] is False
+    assert all(len(r["tokens"]) == 3 for r in result["runs"])
+    models = {}
+    for argv in started:
+        for side in ("cloud", "testbed"):
+            if f"tandem.baselines.dragon.{side}" in argv:
+                models[side] = argv[argv.index("--model") + 1]
+    assert models == {"cloud": "tiny-qwen2-b", "testbed": "tiny-qwen2"}  # testbed: the device
+
+
 def test_target_lines_give_three_decimals_and_say_met_or_missed():
     """1.103x is not "1.10x": the headline says which side of the line a ratio falls."""
     from benchmarks.dragon_latency import targets

@@ -70,15 +70,18 @@ class Testbed:
         seed: int = 0,
         delayed: str = "both",
         jitter: float = JITTER,
+        cloud_model: str | None = None,
     ):
         """`delayed`: the directions `set_delay` delays (`NetConfig.delayed`): "both", or
         "down" (cloud -> device only, the DRAGON paper's netem on the server's NIC); `jitter`:
         each delayed direction's jitter as a fraction of its delay (the paper's 1/5; 0: none,
-        a testbed control)."""
+        a testbed control); `cloud_model`: the cloud's model (default: `model`, both sides
+        alike; it must share the device model's tokenizer)."""
         jitter = jitter_fraction(jitter)
         from tandem.testbed.cpus import role_cpus
 
         self.model, self.docs = model, docs
+        self.cloud_model = cloud_model or model
         self.cpus = cpus or role_cpus()
         self.public_index, self.private_index = public_index, private_index
         self.name, self.seed, self.delayed, self.jitter = name, seed, delayed, jitter
@@ -125,7 +128,7 @@ class Testbed:
         env = {**os.environ, "TANDEM_SECRET": secrets.token_hex(16)}
         ready = self.workdir / "cloud.json"
         cloud = [sys.executable, "-m", "tandem.baselines.dragon.cloud"]
-        cloud += ["--corpus", str(self.public_index), "--model", self.model]
+        cloud += ["--corpus", str(self.public_index), "--model", self.cloud_model]
         cloud += ["--listen", self.status.service, "--ready-file", str(ready)]
         cloud += ["--docs", str(self.docs), "--threads", str(len(self.cpus["cloud"]))]
         self.cloud_log = open(self.workdir / "cloud.log", "wb")  # noqa: SIM115 - closed in close()
@@ -157,7 +160,7 @@ class Testbed:
         The burner starts once, decodes only between "on" and "off", and ends with the bed."""
         if self.burner is None:
             argv = [sys.executable, "-m", "tandem.baselines.dragon.burner"]
-            argv += ["--model", self.model, "--threads", str(len(self.cpus["cloud"]))]
+            argv += ["--model", self.cloud_model, "--threads", str(len(self.cpus["cloud"]))]
             self.burner = self._spawn_worker("cloud", argv)
             _read_answer(self.burner, "burner")  # loaded
         self._burn("on")
