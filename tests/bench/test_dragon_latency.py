@@ -162,10 +162,8 @@ def test_stall_rows_split_each_dragon_variant_at_each_delay_against_crcg_device(
 
 
 @pytest.mark.slow
-def test_quick_latency_and_ttft_runs(tmp_path, monkeypatch):
-    from benchmarks import dragon_latency, dragon_ttft
-
-    monkeypatch.setenv("TANDEM_HOME", str(tmp_path / "home"))
+def write_corpora(tmp_path) -> dict[str, str]:
+    """The public and private corpora of the quick runs, as folders of text files."""
     corpora = {}
     for name, texts in (("public", CLOUD_TEXTS), ("private", DEVICE_TEXTS)):
         folder = tmp_path / name
@@ -173,6 +171,14 @@ def test_quick_latency_and_ttft_runs(tmp_path, monkeypatch):
         for number, text in enumerate(texts):
             (folder / f"{name}{number}.txt").write_text(text + "\n")
         corpora[name] = str(folder)
+    return corpora
+
+
+def test_quick_latency_and_ttft_runs(tmp_path, monkeypatch):
+    from benchmarks import dragon_latency, dragon_ttft
+
+    monkeypatch.setenv("TANDEM_HOME", str(tmp_path / "home"))
+    corpora = write_corpora(tmp_path)
     out = tmp_path / "out"
     common = {"out": out, "quick": True, "model": "tiny-qwen2", "net_name": "tandem-dbtest"}
     methods = (*dragon_latency.METHODS, "dragon-side-static", dragon_latency.CONTROL)
@@ -237,13 +243,7 @@ def test_the_cloud_may_run_another_model(tmp_path, monkeypatch):
     bed = Testbed(model="m", public_index=index, private_index=index, cloud_model="c")
     assert (bed.model, bed.cloud_model) == ("m", "c")
     monkeypatch.setenv("TANDEM_HOME", str(tmp_path / "home"))
-    corpora = {}
-    for name, texts in (("public", CLOUD_TEXTS), ("private", DEVICE_TEXTS)):
-        folder = tmp_path / name
-        folder.mkdir()
-        for number, text in enumerate(texts):
-            (folder / f"{name}{number}.txt").write_text(text + "\n")
-        corpora[name] = str(folder)
+    corpora = write_corpora(tmp_path)
     from tandem.baselines.dragon import testbed
 
     started, popen = [], testbed.subprocess.Popen
