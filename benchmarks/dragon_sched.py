@@ -439,17 +439,26 @@ def _record_runs(device_lm, cloud_lm, tokens: int, temperature: float, questions
             run_pair(device_lm=device_lm, cloud_lm=cloud_lm, device_knowledge=knowledge[DEVICE],
                      cloud_knowledge=knowledge[CLOUD], question=question, config=config)
         )  # fmt: skip
-        rows = [r for r in device.resolutions if r["aggregated"]]
+        decode_times = {s: [list(x) for x in device.decode_times[s]] for s in SIDES}
         runs.append(
-            {
-                "question": question,
-                "accepted": {s: [bool(r[s]) for r in rows] for s in SIDES},
-                "rates": {s: [float(r[f"rate_{s}"]) for r in rows] for s in SIDES},
-                "decode_times": {s: [list(x) for x in device.decode_times[s]] for s in SIDES},
-                "mean_per_token_s": device.mean_per_token_s,
-            }
+            _recorded_run(question, device.resolutions, decode_times, device.mean_per_token_s)
         )
     return runs
+
+
+def _recorded_run(question, resolutions, decode_times, mean_per_token_s, *, rates=True) -> dict:
+    """One run of a recording: the acceptance of each side's draft at every position the side
+    aggregated (the other side's log rows are left out), with Eq. 5's rates if `rates`."""
+    rows = [r for r in resolutions if r["aggregated"]]
+    run = {
+        "question": question,
+        "accepted": {s: [bool(r[s]) for r in rows] for s in SIDES},
+        "decode_times": decode_times,
+        "mean_per_token_s": mean_per_token_s,
+    }
+    if rates:
+        run["rates"] = {s: [float(r[f"rate_{s}"]) for r in rows] for s in SIDES}
+    return run
 
 
 def recording_from_latency(result: dict) -> dict:
@@ -466,18 +475,11 @@ def recording_from_latency(result: dict) -> dict:
     chosen = [r for r in dragon if r["method"] == method and r["delay_ms"] == delay]
     setup = result.get("setup", {})
     temperature = setup.get("temperature", 0.0)
-    out = []
-    for r in chosen:
-        rows = [q for q in r["resolutions"] if q.get("aggregated", True)]
-        run = {
-            "question": r["question"],
-            "accepted": {s: [bool(q[s]) for q in rows] for s in SIDES},
-            "decode_times": r["decode_times"],
-            "mean_per_token_s": r.get("per_token_s"),
-        }
-        if temperature > 0:  # Eq. 5's rates; greedy, the tracker learns the 0/1 outcomes
-            run["rates"] = {s: [float(q[f"rate_{s}"]) for q in rows] for s in SIDES}
-        out.append(run)
+    out = [  # greedy: no rates, the tracker learns the 0/1 outcomes (as the live one does)
+        _recorded_run(r["question"], r["resolutions"], r["decode_times"], r.get("per_token_s"),
+                      rates=temperature > 0)
+        for r in chosen
+    ]  # fmt: skip
     model = setup.get("model", "?")
     return {"model": model, "cloud_model": model, "temperature": temperature,
             "machines": result.get("machines"), "runs": out,

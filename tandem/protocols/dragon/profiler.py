@@ -146,7 +146,7 @@ class AcceptanceTracker:
 
     def __init__(self, weight: float = 0.3):
         self.weight = weight
-        self.rates: dict[str, float | None] = dict.fromkeys(SIDES)
+        self.rates: dict[str, float] = dict.fromkeys(SIDES, 0.5)  # Laplace's prior
         self.accepted = dict.fromkeys(SIDES, 0)
         self.seen = 0
 
@@ -157,11 +157,10 @@ class AcceptanceTracker:
         for side in SIDES:
             self.accepted[side] += int(accepted[side])
             old = self.rates[side]
-            old = 0.5 if old is None else old
             self.rates[side] = old + step * (float(rates[side]) - old)
 
     def alpha(self) -> dict[str, float]:
-        return {side: (0.5 if rate is None else rate) for side, rate in self.rates.items()}
+        return dict(self.rates)
 
     def observed_rate(self, side: str) -> float:
         return self.accepted[side] / self.seen if self.seen else 0.0
