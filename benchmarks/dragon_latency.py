@@ -149,6 +149,30 @@ def sweep(bed, *, methods, delays, questions, tokens: int, console: Console) -> 
     return runs
 
 
+BUSY_NOTE = (
+    "burners of the device's model decoded nonstop on the device's cores for the whole run "
+    "(stats: each one's steps and ms per step): a busy device, every method's device side "
+    "alike; a testbed variant, not the paper's machines"
+)
+
+
+def busy_line(busy: list[dict], runs: list[dict]) -> str:
+    """The headline's first line for a busy device: how many burners, and how far apart the
+    sides' draft times were in the DRAGON runs (median of each side's)."""
+    times = {"device": [], "cloud": []}
+    for run in runs:
+        for side, pairs in run.get("decode_times", {}).items():
+            times[side] += [seconds for _, seconds in pairs]
+    line = f"a busy device ({len(busy)} burner(s) decoding on its cores): a testbed variant"
+    if times["device"] and times["cloud"]:
+        device, cloud = (statistics.median(times[s]) for s in ("device", "cloud"))
+        line += (
+            f"; median draft time device {1e3 * device:.1f} ms, cloud {1e3 * cloud:.1f} ms"
+            f" ({device / cloud:.2f}x)"
+        )
+    return line
+
+
 ISOLATION = "processes: device and cloud each pinned from start to their own set"
 # what runs beside them on the same cores (its CPU lands on the machines' cores: ~0.5-0.9 ms a
 # token, docs/network.md)
@@ -158,16 +182,18 @@ SHARED = ["the delay proxy (the wire, not pinned)"]
 def measure(
     *, model, public, private, net_name, methods, delays, questions, tokens: int, console, machines,
     delayed: str = "both", jitter: float = JITTER, cloud_model: str | None = None,
-) -> tuple[list[dict], dict]:  # fmt: skip
+    busy_device: int = 0,
+) -> tuple[list[dict], dict, list[dict]]:  # fmt: skip
     """Build both sides' indexes, start the testbed on `machines.cpus` and `sweep`: (runs,
-    network facts); what each side saw of itself goes to `machines.observed`."""
+    network facts, what each busy-device burner decoded meanwhile); what each side saw of
+    itself goes to `machines.observed`."""
     from tandem.baselines.dragon.testbed import Testbed
 
     public_index, private_index = prepare_indexes(model, public, private)
     indexes = {"public_index": public_index, "private_index": private_index}
     with Testbed(
         model=model, name=net_name, cpus=machines.cpus, delayed=delayed, jitter=jitter,
-        cloud_model=cloud_model, **indexes,
+        cloud_model=cloud_model, busy_device=busy_device, **indexes,
     ) as bed:  # fmt: skip
         machines.observed = bed.observed
         network = {
@@ -178,7 +204,8 @@ def measure(
         runs = sweep(
             bed, methods=methods, delays=delays, questions=questions, tokens=tokens, console=console
         )
-    return runs, network
+        busy = bed.busy_stats()
+    return runs, network, busy
 
 
 def mean_of(runs: list[dict], method: str, delay: float, key: str) -> float | None:
@@ -302,12 +329,16 @@ def run(
     delayed: str = "both",
     jitter: float = JITTER,
     cloud_model: str | None = None,
+    busy_device: int = 0,
 ) -> dict:
     """Fig. 6 + Theorem 6.2: run, save dragon_latency.json / .png, print a table. `cpus`:
     each side's cores (default `tandem.testbed.cpus.role_cpus()`); `delayed`: which
     directions carry the delay (`NetConfig.delayed`); `jitter`: as a fraction of the delay
     (the paper's 1/5; any other value makes the run a testbed control, said in the headline);
-    `cloud_model`: the cloud's model (default `model`: the paper's one model on both sides)."""
+    `cloud_model`: the cloud's model (default `model`: the paper's one model on both sides);
+    `busy_device`: burners of the device's model decoding nonstop on the device's cores for the
+    whole run (`Testbed`: a busy device, every method's device side alike; a testbed variant,
+    said in the headline)."""
     from tandem.testbed.cpus import role_cpus
 
     console = Console()
@@ -316,10 +347,10 @@ def run(
     chosen = QUESTIONS[: questions or (1 if quick else len(QUESTIONS))]
     started = time.perf_counter()
     machines = Machines(cpus=cpus or role_cpus(), isolation=ISOLATION, shared=SHARED)
-    runs, network = measure(
+    runs, network, busy = measure(
         model=model, public=public, private=private, net_name=net_name, methods=methods,
         delays=delays, questions=chosen, tokens=tokens, console=console, machines=machines,
-        delayed=delayed, jitter=jitter, cloud_model=cloud_model,
+        delayed=delayed, jitter=jitter, cloud_model=cloud_model, busy_device=busy_device,
     )  # fmt: skip
     rows = [
         {
@@ -337,10 +368,14 @@ def run(
         headline.insert(
             0, f"jitter {jitter:g} x delay, not the paper's {JITTER:g}: a testbed control"
         )
+    if busy_device:  # not the paper's machines: a slower device, every method alike
+        headline.insert(0, busy_line(busy, runs))
     payload = {
         "setup": {
             "model": model, "cloud_model": cloud_model or model,
             "both_sides_same_model": cloud_model in (None, model), "network": network,
+            "busy_device": {"burners": busy_device, "model": model, "stats": busy,
+                            "note": BUSY_NOTE} if busy_device else None,
             "jitter": f"delay x {jitter:g}, uniform, each delayed direction", "delayed": delayed,
             "jitter_fraction": jitter, "delays_ms": list(delays),
             "max_new_tokens": tokens, "questions": list(chosen), "docs_per_side": 2,

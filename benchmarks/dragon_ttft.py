@@ -51,7 +51,7 @@ def run(
     chosen = QUESTIONS[: questions or (1 if quick else len(QUESTIONS))]
     started = time.perf_counter()
     machines = Machines(cpus=cpus or role_cpus(), isolation=ISOLATION, shared=SHARED)
-    runs, network = measure(
+    runs, network, _ = measure(
         model=model, public=public, private=private, net_name=net_name, methods=methods,
         delays=delays, questions=chosen, tokens=2, console=console, machines=machines,
         delayed=delayed,

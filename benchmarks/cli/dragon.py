@@ -61,6 +61,14 @@ def latency(
         help="The cloud's model (default: --model on both sides, as in the paper); it must "
         "share the device model's tokenizer.",
     ),
+    busy_device: int = typer.Option(
+        0,
+        "--busy-device",
+        min=0,
+        help="Burners of the device's model decoding nonstop on the device's cores for the "
+        "whole run (0: none): a busy device, about n + 1 times slower than the cloud, every "
+        "method alike (a testbed variant, not the paper's machines).",
+    ),
     device_cpus: str = DEVICE_CPUS,
     cloud_cpus: str = CLOUD_CPUS,
     out: Path = OUT,
@@ -80,7 +88,7 @@ def latency(
         questions=questions or None, public=public, private=private,
         methods=tuple(m for m in known if m in methods) if methods else METHODS,
         cpus=role_cpus(device_cpus, cloud_cpus), delayed=_delayed(delayed),
-        jitter=jitter_fraction(jitter), cloud_model=cloud_model or None,
+        jitter=jitter_fraction(jitter), cloud_model=cloud_model or None, busy_device=busy_device,
     )  # fmt: skip
 
 

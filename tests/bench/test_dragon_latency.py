@@ -161,7 +161,6 @@ def test_stall_rows_split_each_dragon_variant_at_each_delay_against_crcg_device(
     assert "outside them 20.00 ms a token, 1.250x CRCG/Device" in text
 
 
-@pytest.mark.slow
 def write_corpora(tmp_path) -> dict[str, str]:
     """The public and private corpora of the quick runs, as folders of text files."""
     corpora = {}
@@ -174,6 +173,7 @@ def write_corpora(tmp_path) -> dict[str, str]:
     return corpora
 
 
+@pytest.mark.slow
 def test_quick_latency_and_ttft_runs(tmp_path, monkeypatch):
     from benchmarks import dragon_latency, dragon_ttft
 
@@ -271,6 +271,49 @@ def test_the_cloud_may_run_another_model(tmp_path, monkeypatch):
     assert models == {"cloud": "tiny-qwen2-b", "testbed": "tiny-qwen2"}  # testbed: the device
 
 
+def test_a_busy_device_runs_burners_on_the_device_cores_for_the_whole_run(tmp_path, monkeypatch):
+    """`--busy-device`: burners of the device's model decode on the device's cores (pinned and
+    placed as the device worker is) from the bed's start to the last run; the result keeps
+    their steps and says in its headline that the run is a testbed variant."""
+    from benchmarks import dragon_latency
+    from tandem.baselines.dragon import testbed
+    from tandem.errors import TandemError
+
+    index = tmp_path / "index"
+    with pytest.raises(TandemError, match="busy_device must be >= 0"):
+        testbed.Testbed(model="m", public_index=index, private_index=index, busy_device=-1)
+    monkeypatch.setenv("TANDEM_HOME", str(tmp_path / "home"))
+    corpora = write_corpora(tmp_path)
+    started, popen = [], testbed.subprocess.Popen
+
+    def recording_popen(argv, *args, **kwargs):
+        started.append(list(argv))
+        return popen(argv, *args, **kwargs)
+
+    monkeypatch.setattr(testbed.subprocess, "Popen", recording_popen)
+    out = tmp_path / "out"
+    result = dragon_latency.run(
+        out=out, quick=True, model="tiny-qwen2", delays=(0.0,), tokens=3, busy_device=1,
+        methods=("crcg-device", "dragon-side-static"), net_name="tandem-dbtest3", **corpora,
+    )  # fmt: skip
+
+    def launched(module: str) -> list[list[str]]:
+        return [argv for argv in started if f"tandem.baselines.dragon.{module}" in argv]
+
+    (worker,), (burner,) = launched("testbed"), launched("burner")
+    where = worker[: worker.index("tandem.baselines.dragon.testbed") - 2]  # namespace, cores
+    assert burner[: burner.index("tandem.baselines.dragon.burner") - 2] == where
+    assert burner[burner.index("--model") + 1] == "tiny-qwen2"
+    busy = json.loads((out / "dragon_latency.json").read_text())["setup"]["busy_device"]
+    assert busy["burners"] == 1 and busy["model"] == "tiny-qwen2"
+    (stats,) = busy["stats"]  # it decoded through the warm-up and both runs, then stopped
+    assert stats["steps"] > 0 and stats["burning"] is False
+    assert result["headline"][0].startswith("a busy device (1 burner(s) decoding on its cores)")
+    assert "median draft time device" in result["headline"][0]
+    plain = dragon_latency.busy_line([], [])  # no DRAGON runs: no draft times to compare
+    assert plain == "a busy device (0 burner(s) decoding on its cores): a testbed variant"
+
+
 def test_target_lines_give_three_decimals_and_say_met_or_missed():
     """1.103x is not "1.10x": the headline says which side of the line a ratio falls."""
     from benchmarks.dragon_latency import targets
@@ -356,5 +399,5 @@ def test_a_failed_burner_is_a_one_line_error(tmp_path):
     answer = MARK + json.dumps({"burning": False, "error": "RuntimeError: boom"}) + "\n"
     bed.burner = SimpleNamespace(stdin=io.StringIO(), stdout=io.StringIO(answer))
     with pytest.raises(TandemError, match="burner failed: RuntimeError: boom"):
-        bed._burn("on")
+        bed._burn(bed.burner, "on")
     assert bed.burner.stdin.getvalue() == "on\n"

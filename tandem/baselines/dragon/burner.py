@@ -1,6 +1,7 @@
 """The burner of `testbed.Testbed.contended`: the same model decoding greedily on the cloud's
 cores, nonstop while "on", so the device's decode meets the memory-system contention it meets
-during DRAGON (the testbed control; docs/dragon.md, "Two sides on one box").
+during DRAGON (the testbed control; docs/dragon.md, "Two sides on one box"); also the busy
+device's decoders (`Testbed(busy_device=n)`), on the device's cores for the whole run.
 
     python -m tandem.baselines.dragon.burner --model M --threads N
 

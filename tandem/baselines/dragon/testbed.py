@@ -23,6 +23,12 @@ which separate machines would not. `contended()` runs a *burner* on the cloud's 
 (`burner.py`: the same model decoding greedily, nonstop, what the cloud does during DRAGON)
 around a device-only run, so a benchmark can measure that share of DRAGON's overhead beside
 the real baselines.
+
+A busy device (`Testbed(busy_device=n)`, a testbed variant): n burners of the device's model
+decode nonstop on the device's cores for the bed's whole life, so every method's device side
+(DRAGON's, the baselines', CRCG/Device alike) gets its share of those cores: a device about
+n + 1 times slower than the cloud with the same model, in real compute (the sides' decode costs
+then differ as in Fig. 8's "2x" cases, which one core per side cannot otherwise give).
 """
 
 from __future__ import annotations
@@ -71,13 +77,17 @@ class Testbed:
         delayed: str = "both",
         jitter: float = JITTER,
         cloud_model: str | None = None,
+        busy_device: int = 0,
     ):
         """`delayed`: the directions `set_delay` delays (`NetConfig.delayed`): "both", or
         "down" (cloud -> device only, the DRAGON paper's netem on the server's NIC); `jitter`:
         each delayed direction's jitter as a fraction of its delay (the paper's 1/5; 0: none,
         a testbed control); `cloud_model`: the cloud's model (default: `model`, both sides
-        alike; it must share the device model's tokenizer)."""
+        alike; it must share the device model's tokenizer); `busy_device`: burners decoding
+        nonstop on the device's cores while the bed is up (module docstring; 0: none)."""
         jitter = jitter_fraction(jitter)
+        if busy_device < 0:
+            raise TandemError(f"dragon testbed: busy_device must be >= 0, not {busy_device}")
         from tandem.testbed.cpus import role_cpus
 
         self.model, self.docs = model, docs
@@ -89,6 +99,8 @@ class Testbed:
         self.status = None
         self.observed: dict[str, dict] = {}  # side -> machine_state() it reported
         self.burner: subprocess.Popen | None = None  # `contended()`'s decoder on the cloud cores
+        self.busy_device = busy_device
+        self.device_burners: list[subprocess.Popen] = []  # on from start to `busy_stats()`
         self.workdir: Path | None = None  # the cloud's ready file and log, made by `_start`
 
     # ---- lifecycle -----------------------------------------------------------------
@@ -153,29 +165,42 @@ class Testbed:
             time.sleep(0.2)
         self.observed["cloud"] = json.loads(ready.read_text()).get("machine", {})
         self.observed["device"] = self._read().get("machine", {})  # the worker's ready line
+        self.device_burners = [self._burner("device", self.model) for _ in range(self.busy_device)]
+        for burner in self.device_burners:
+            self._burn(burner, "on")
 
     @contextlib.contextmanager
     def contended(self):
         """The cloud's cores decode nonstop (the burner) inside this block (module docstring).
         The burner starts once, decodes only between "on" and "off", and ends with the bed."""
         if self.burner is None:
-            argv = [sys.executable, "-m", "tandem.baselines.dragon.burner"]
-            argv += ["--model", self.cloud_model, "--threads", str(len(self.cpus["cloud"]))]
-            self.burner = self._spawn_worker("cloud", argv)
-            _read_answer(self.burner, "burner")  # loaded
-        self._burn("on")
+            self.burner = self._burner("cloud", self.cloud_model)
+        self._burn(self.burner, "on")
         stats: dict = {}
         try:
             yield stats
         finally:
-            stats.update(self._burn("off"))
+            stats.update(self._burn(self.burner, "off"))
 
-    def _burn(self, command: str) -> dict:
-        """The burner's answer: to "on" once decoding, to "off" once stopped, with the steps
+    def busy_stats(self) -> list[dict]:
+        """Stop the busy device's burners (`busy_device`); each one's steps and ms per step
+        since it started. Call once, after the last run."""
+        return [self._burn(burner, "off") for burner in self.device_burners]
+
+    def _burner(self, side: str, model: str) -> subprocess.Popen:
+        """A burner (`burner.py`) of `model` on `side`'s cores, loaded, not yet decoding."""
+        argv = [sys.executable, "-m", "tandem.baselines.dragon.burner"]
+        argv += ["--model", model, "--threads", str(len(self.cpus[side]))]
+        burner = self._spawn_worker(side, argv)
+        _read_answer(burner, "burner")  # loaded
+        return burner
+
+    def _burn(self, burner: subprocess.Popen, command: str) -> dict:
+        """A burner's answer: to "on" once decoding, to "off" once stopped, with the steps
         it decoded. A burner that failed is a TandemError naming the failure."""
-        self.burner.stdin.write(command + "\n")
-        self.burner.stdin.flush()
-        answer = _read_answer(self.burner, "burner")
+        burner.stdin.write(command + "\n")
+        burner.stdin.flush()
+        answer = _read_answer(burner, "burner")
         if "error" in answer:
             raise TandemError(f"dragon testbed: the burner failed: {answer['error']}")
         return answer
