@@ -224,6 +224,11 @@ class Simulation:
             )
             for s in SIDES
         }
+        cloud = self.machines[CLOUD]  # its pick at READY reaches the device before any draft
+        first = cloud.scheduler.first(cloud.estimates())
+        for machine in self.machines.values():
+            machine.place_first(first)
+        self.first_aggregator = first
         self.events: list = []
         self.seq = 0
         self.fifo = dict.fromkeys(SIDES, 0.0)  # sender -> last arrival time at the peer

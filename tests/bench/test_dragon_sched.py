@@ -11,6 +11,7 @@ from benchmarks.dragon_sched import (
     DecodeTimes,
     Network,
     SimConfig,
+    Simulation,
     Trace,
     bootstrap_traces,
     recording_from_latency,
@@ -156,6 +157,26 @@ def test_replayed_whole_the_scheduler_follows_each_answer():
         for s in STRATEGIES
     }  # fmt: skip
     assert totals["dragon"] < 0.95 * min(totals["device"], totals["cloud"]), totals
+
+
+def test_the_replay_starts_where_the_cloud_places_the_first_aggregator():
+    """The replay's cloud picks the first aggregator at READY as the live one does
+    (`Scheduler.first`): with the device 2x faster at 400 ms it starts on the cloud, the
+    place of the best fixed placement here, and pays no switch's trip to get there; with the
+    cloud 2x faster it starts on the device."""
+    n = 64
+    fails = tuple(i % 5 not in (1, 3) for i in range(n))
+    trace = Trace({"device": fails, "cloud": fails})
+    config = SimConfig(tokens=n)
+    for c_device, c_cloud, first in ((0.04, 0.08, "cloud"), (0.08, 0.04, "device")):
+        decode = DecodeTimes.constant(c_device, c_cloud)
+        sim = Simulation(trace, decode, still(0.4), "dragon", config, seed=2)
+        assert sim.first_aggregator == first
+        assert {m.aggregator for m in sim.machines.values()} == {first}
+        totals = {s: simulate(trace, decode, still(0.4), s, config, seed=2) for s in STRATEGIES}
+        assert totals["dragon"].switches == 0
+        assert totals["dragon"].total_s == pytest.approx(totals[first].total_s)
+        assert totals[first].total_s <= totals["cloud" if first == "device" else "device"].total_s
 
 
 def test_whole_traces_cut_runs_and_refuse_more_tokens_than_the_shortest_has():

@@ -278,6 +278,17 @@ class SideMachine:
             raise ValueError(f"target for position {position}, expected {len(self.committed)}")
         return self._resolve(position, token, by=self.peer)
 
+    def place_first(self, aggregator: str) -> list[Action]:
+        """`aggregator` resolves from position 0 on: the cloud's pick at READY
+        (`Scheduler.first`), which the device learns before any cloud draft, so neither side
+        can have resolved a position yet. Not a switch: nobody waits for a message."""
+        if self.committed:
+            raise ValueError(f"first aggregator placed after {len(self.committed)} positions")
+        if self.finished or self.degraded:
+            return []
+        self.aggregator = aggregator
+        return self._aggregate() if aggregator == self.role else []
+
     def switch(self, position: int, token: int, aggregator: str) -> list[Action]:
         if self.finished:
             return []

@@ -38,6 +38,7 @@ class SideReport:
     # position, by, aggregated, accepted per side; rate_<side>: Eq. 5 rate (when aggregated)
     decisions: list[dict] = field(default_factory=list)
     switches: list[tuple[int, str]] = field(default_factory=list)  # (position, new aggregator)
+    first_aggregator: str = DEVICE  # the side that aggregated position 0 (Scheduler.first)
     decode_times: dict[str, list[tuple[int, float]]] = field(
         default_factory=lambda: {side: [] for side in SIDES}
     )  # side -> (context, seconds) of every draft seen
@@ -115,6 +116,7 @@ class SideReport:
             "aggregations": self.aggregations,
             "aggregated_by": {side: self.aggregated_by(side) for side in SIDES},
             "acceptance_rate": {side: self.acceptance_rate(side) for side in SIDES},
+            "first_aggregator": self.first_aggregator,
             "switches": [list(s) for s in self.switches],
             "bytes_sent": self.bytes_sent,
             "bytes_received": self.bytes_received,

@@ -97,12 +97,13 @@ class DragonSide(SideIO):
         self.own_profile = list((profile or LatencyModel()).to_list())
         self.draft_bytes = 0.0
         self.link = LinkEstimator(channel)
-        self.report = SideReport(role=role)
+        self.report = SideReport(role=role, first_aggregator=config.first_aggregator)
         self.timeline = Timeline()
+        self.scheduler = Scheduler.for_config(config)
         self.machine = SideMachine(
             role,
             rule=_TimedRule(SpeculativeAggregation(config.seed, config.greedy), self.timeline),
-            scheduler=_TimedScheduler(Scheduler.for_config(config), self.timeline),
+            scheduler=_TimedScheduler(self.scheduler, self.timeline),
             first_aggregator=config.first_aggregator,
             max_new_tokens=config.max_new_tokens,
             latency={
@@ -222,9 +223,17 @@ class DragonSide(SideIO):
     def _on_ready(self, decoder: DocDecoder, seconds: float) -> None:
         self.report.ready_s = seconds
         self.report.kv_hits = decoder.kv_hits
-        if self.role != DEVICE:
+        if self.role != DEVICE:  # READY leaves ahead of this side's first draft
+            first = self.scheduler.first(self.machine.estimates())
             body = {"profile": self.own_profile, "docs": len(self.report.docs), "ready_s": seconds}
-            self._send(control.ready(body))
+            self._send(control.ready({**body, "aggregator": first}))
+            self._place_first(first)
+
+    def _place_first(self, first) -> None:
+        """The cloud's pick of the first aggregator (`Scheduler.first`), on either side."""
+        if first in SIDES and first != self.machine.aggregator:
+            self._apply(self.machine.place_first(first))
+        self.report.first_aggregator = self.machine.aggregator
 
     def _fail(self, exc: BaseException) -> None:
         if self.error is None and not self.done.is_set():
@@ -260,6 +269,7 @@ class DragonSide(SideIO):
             self.machine.latency[self.peer] = LatencyModel.from_list(body.get("profile"))
             self.report.peer_docs = int(body.get("docs", 0))
             self.report.peer_ready_s = float(body.get("ready_s", 0.0))
+            self._place_first(body.get("aggregator"))
             return
         if isinstance(msg, Start):  # the side was set up without reading it (tests)
             return

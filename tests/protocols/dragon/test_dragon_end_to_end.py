@@ -462,3 +462,32 @@ def test_sessions_free_their_rows_at_the_end(tiny_lm, tiny_lm_b, corpora, monkey
     assert len(freed["device"]) == 1 and len(freed["cloud"]) == 1
     rows = config().docs_per_side  # one row per document
     assert freed["device"][0].batch == freed["cloud"][0].batch == rows
+
+
+@pytest.mark.parametrize("faster", ["device", "cloud"])
+def test_the_cloud_picks_the_first_aggregator_at_ready(
+    tiny_lm, tiny_lm_b, corpora, monkeypatch, faster
+):
+    """Offline profiles 50x apart and a 200 ms round trip: the cloud's READY places the first
+    aggregator where `Scheduler.first` puts it (on the cloud when the device is the faster
+    side, else on the device); both sides agree, position 0 is resolved there without a
+    switch message, and the output is the centralised reference's. (The scheduler may move
+    the aggregator after it, once it has seen outcomes.) Mirrored (the default) it stays."""
+    from tandem.protocols.dragon.profiler import LatencyModel
+    from tandem.protocols.dragon.session import DragonSide
+
+    monkeypatch.setattr(DragonSide, "_round_trip", lambda self: 0.2)
+    cfg = config(mirror=False)  # mirrored, no placement is faster: it stays on the device
+    expected = central(tiny_lm, tiny_lm_b, corpora, cfg).greedy()
+    fast, slow = LatencyModel(intercept=0.001), LatencyModel(intercept=0.05)
+    profiles = {"device_profile": fast, "cloud_profile": slow}
+    if faster == "cloud":
+        profiles = {"device_profile": slow, "cloud_profile": fast}
+    device, cloud = dragon(tiny_lm, tiny_lm_b, corpora, cfg, link=LINK, **profiles)
+    first = "cloud" if faster == "device" else "device"
+    assert device.tokens == cloud.tokens == expected
+    assert device.first_aggregator == cloud.first_aggregator == first
+    assert device.summary()["first_aggregator"] == first
+    assert device.resolutions[0]["by"] == cloud.resolutions[0]["by"] == first
+    mirrored, _ = dragon(tiny_lm, tiny_lm_b, corpora, config(), link=LINK, **profiles)
+    assert mirrored.tokens == expected and mirrored.first_aggregator == "device"

@@ -358,3 +358,21 @@ def test_the_side_that_does_not_aggregate_mirrors_and_a_verdict_confirms():
     waiting = machine("cloud", targets={0: 9}, first="device")
     waiting.own_draft(draft("cloud", 0, 5))
     assert waiting.peer_draft(draft("device", 0, 9)) == [] and waiting.committed == []
+
+
+def test_the_first_aggregator_is_placed_before_any_position():
+    """`place_first`: the cloud's pick at READY moves the aggregator before anything is
+    resolved, with no switch and no wait; after a position it is a protocol error."""
+    cloud = machine("cloud", targets={0: 4}, strategy="dragon", first="device")
+    assert cloud.peer_draft(draft("device", 0, 4)) == []  # queued for the aggregator
+    assert cloud.place_first("cloud") == [] and cloud.aggregator == "cloud"
+    actions = cloud.own_draft(draft("cloud", 0, 4))
+    assert kinds(actions)[:3] == ["SendDraft", "Committed", "SendTarget"]
+    assert actions[1].by == "cloud" and cloud.switches == []
+    with pytest.raises(ValueError, match="after 1 positions"):
+        cloud.place_first("device")
+    device = machine("device", targets={0: 4}, strategy="dragon", first="device")
+    device.own_draft(draft("device", 0, 4))
+    assert device.place_first("cloud") == [] and device.aggregator == "cloud"
+    (committed,) = device.target(0, 4)
+    assert committed.by == "cloud" and device.switches == []

@@ -173,3 +173,31 @@ def test_static_and_random_strategies():
     assert 60 < picks.count("cloud") < 140
     with pytest.raises(ValueError):
         Scheduler("fastest")
+
+
+def test_the_cloud_picks_the_first_aggregator_from_profiles_prior_and_rtt():
+    """`Scheduler.first`: the cloud's pick at READY, from both offline profiles, the acceptance
+    prior (0.5 each) and the RTT so far; nothing to repay, so no horizon price."""
+    prior = {"device": 0.5, "cloud": 0.5}
+
+    def at(c_device: float, c_cloud: float, rtt: float = 0.3) -> Estimates:
+        return Estimates(c_dec={"device": c_device, "cloud": c_cloud}, alpha=prior, rtt=rtt)
+
+    dragon = Scheduler("dragon", horizon=64)
+    # device 2x faster: Z'_device = max(.04, .08 + .15) = .23, Z'_cloud = max(.08, .04 + .15) = .19
+    assert dragon.first(at(0.04, 0.08)) == "cloud"
+    # cloud 2x faster: the slower side aggregates, the faster one pays the round trips
+    assert dragon.first(at(0.08, 0.04)) == "device"
+    # alike, no RTT sample yet, or no estimates: the paper's start
+    assert dragon.first(at(0.06, 0.06)) == "device"
+    assert dragon.first(at(0.04, 0.08, rtt=0.0)) == "device"
+    assert dragon.first(None) == "device"
+    assert Scheduler("dragon", margin=0.05).first(at(0.04, 0.08)) == "device"  # gap .04
+    # Eq. 7: Z_device = .5 x .08 + .5 x .38 = .23, Z_cloud = .5 x .08 + .5 x .34 = .21
+    assert Scheduler("dragon", model="eq7").first(at(0.04, 0.08)) == "cloud"
+    assert Scheduler("dragon", model="eq7", margin=0.03).first(at(0.04, 0.08)) == "device"
+    # mirrored: no placement is faster; the static and random strategies start where they did
+    assert Scheduler("dragon", mirrored=True).first(at(0.04, 0.08)) == "device"
+    assert Scheduler("cloud").first(at(0.08, 0.04)) == "cloud"
+    assert Scheduler("device").first(at(0.04, 0.08)) == "device"
+    assert Scheduler("random").first(at(0.04, 0.08)) == "device"
