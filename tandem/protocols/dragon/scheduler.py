@@ -33,13 +33,13 @@ the other side):
   Eq. 8's gap for the record but keeps the aggregator where it is; moving it would only cost
   a message (at small round trips, noise in the acceptance estimates flipped it a dozen
   times an answer in `tandem demo`).
-
 - *first aggregator* (ours): the paper starts on the device. The cloud picks it instead once
   its decoder is ready (`Scheduler.first`), from both offline decode profiles, the acceptance
   prior (0.5 each) and the RTT measured so far, and its READY carries the pick ahead of its
-  first draft, so the pick costs no trip and no horizon price applies; a switch at the first
-  position cost a one-way trip (0.2-1.7% of a 64-token answer in the replays where the device
-  is the faster side, most of the live scheduler's 1.1% at +300 ms).
+  first draft, so the pick costs no trip and no horizon price applies. Starting on the device
+  cost a switch's one-way trip in every answer where the device is the faster side: 0.2-1.7%
+  behind fixed Cloud in the replays, 0.0% with the pick (docs/dragon-figures.md, "The first
+  aggregator picked at READY").
 
 Strategies (`Scheduler`): "dragon" (Eq. 7/8), "device", "cloud" (static), "random" (a fair
 coin per token from the position seed). All functions here are pure; a simulator (paper
