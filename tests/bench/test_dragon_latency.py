@@ -231,6 +231,20 @@ def test_quick_latency_and_ttft_runs(tmp_path, monkeypatch):
     assert all(r["ttft_s"] > 0 for r in ttft["table"])
 
 
+def record_launches(monkeypatch) -> list[list[str]]:
+    """The argv of every process the testbed starts from now on (they still start)."""
+    from tandem.baselines.dragon import testbed
+
+    started, popen = [], testbed.subprocess.Popen
+
+    def recording_popen(argv, *args, **kwargs):
+        started.append(list(argv))
+        return popen(argv, *args, **kwargs)
+
+    monkeypatch.setattr(testbed.subprocess, "Popen", recording_popen)
+    return started
+
+
 def test_the_cloud_may_run_another_model(tmp_path, monkeypatch):
     """`--cloud-model`: the cloud process loads its own model (sharing the device model's
     tokenizer), the baselines on the cloud and DRAGON's cloud side run it, and the result says
@@ -244,15 +258,7 @@ def test_the_cloud_may_run_another_model(tmp_path, monkeypatch):
     assert (bed.model, bed.cloud_model) == ("m", "c")
     monkeypatch.setenv("TANDEM_HOME", str(tmp_path / "home"))
     corpora = write_corpora(tmp_path)
-    from tandem.baselines.dragon import testbed
-
-    started, popen = [], testbed.subprocess.Popen
-
-    def recording_popen(argv, *args, **kwargs):
-        started.append(list(argv))
-        return popen(argv, *args, **kwargs)
-
-    monkeypatch.setattr(testbed.subprocess, "Popen", recording_popen)
+    started = record_launches(monkeypatch)
     out = tmp_path / "out"
     result = dragon_latency.run(
         out=out, quick=True, model="tiny-qwen2", cloud_model="tiny-qwen2-b", delays=(0.0,),
@@ -284,13 +290,7 @@ def test_a_busy_device_runs_burners_on_the_device_cores_for_the_whole_run(tmp_pa
         testbed.Testbed(model="m", public_index=index, private_index=index, busy_device=-1)
     monkeypatch.setenv("TANDEM_HOME", str(tmp_path / "home"))
     corpora = write_corpora(tmp_path)
-    started, popen = [], testbed.subprocess.Popen
-
-    def recording_popen(argv, *args, **kwargs):
-        started.append(list(argv))
-        return popen(argv, *args, **kwargs)
-
-    monkeypatch.setattr(testbed.subprocess, "Popen", recording_popen)
+    started = record_launches(monkeypatch)
     out = tmp_path / "out"
     result = dragon_latency.run(
         out=out, quick=True, model="tiny-qwen2", delays=(0.0,), tokens=3, busy_device=1,

@@ -1,6 +1,11 @@
 """One side of a live DRAGON session: the decoder thread, the link, and the sans-I/O
 `machine.SideMachine` (draft queues, aggregation, scheduling) they feed.
 
+Why one file: it is one side's asyncio layer; its handlers are each a few lines that turn
+messages into the machine's events and its actions into messages, and every rule they follow
+lives in the sans-I/O modules it drives (machine.py, scheduler.py, queues.py, worker.py); the
+outbox, receive loop and probes are already apart (sideio.py).
+
 Words used here (see the sibling modules for each part):
 - *side* / *role*: "device" or "cloud"; the device starts the session and owns the result.
 - *committed*: the target tokens resolved so far (identical on both sides, in order).
