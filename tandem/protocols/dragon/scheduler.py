@@ -201,9 +201,12 @@ class Scheduler:
             return CLOUD
         if self.strategy != "dragon" or self.mirrored or estimates is None:
             return DEVICE
-        c, alpha = estimates.c_dec, estimates.alpha
-        gap = self._gap(c[DEVICE], c[CLOUD], alpha[DEVICE], alpha[CLOUD], estimates.rtt)
-        return CLOUD if gap > self.margin else DEVICE
+        return CLOUD if self._gap_from(DEVICE, estimates) > self.margin else DEVICE
+
+    def _gap_from(self, here: str, estimates: Estimates) -> float:
+        """This model's Eq. 8 gap while `here` aggregates; > 0: the other side is better."""
+        c, alpha, there = estimates.c_dec, estimates.alpha, peer_of(here)
+        return self._gap(c[here], c[there], alpha[here], alpha[there], estimates.rtt)
 
     def decide(self, here: str, position: int, estimates: Estimates | None) -> Decision:
         if self.strategy in (DEVICE, CLOUD):
@@ -214,13 +217,7 @@ class Scheduler:
         if estimates is None:
             return Decision(here, 0.0)
         there = peer_of(here)
-        gap = self._gap(
-            estimates.c_dec[here],
-            estimates.c_dec[there],
-            estimates.alpha[here],
-            estimates.alpha[there],
-            estimates.rtt,
-        )
+        gap = self._gap_from(here, estimates)
         if self.mirrored:  # no placement is faster: nothing to repay a switch's message
             return Decision(here, gap)
         threshold = self.margin
