@@ -1,6 +1,10 @@
-"""Typed settings shared by every mode (pydantic, keyword-only, validated with clear messages)."""
+"""Typed settings shared by every mode (pydantic, keyword-only, validated with clear messages),
+and where tandem keeps its files (`tandem_home`)."""
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -16,3 +20,9 @@ class SamplingConfig(BaseModel):
     seed: int = 0
     max_new_tokens: int = Field(64, ge=1, le=1_000_000)
     stop_at_eos: bool = True
+
+
+def tandem_home() -> Path:
+    """Cache root (models, indexes, document KV, profiles, calibrations): $TANDEM_HOME or
+    ~/.cache/tandem."""
+    return Path(os.environ.get("TANDEM_HOME") or Path.home() / ".cache" / "tandem")

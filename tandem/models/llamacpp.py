@@ -609,7 +609,7 @@ def calibrated_split(lm: LlamaCppLM) -> int:
     context of the same model and cached per model, llama.cpp build, CPU and thread count; a
     timing disturbed by other work on the cores (SPLIT_DISTURBED) is taken again by the next
     processes, up to SPLIT_TRIES timings in all."""
-    from tandem.models.registry import tandem_home
+    from tandem.config import tandem_home
 
     info = lm._lib.llama_print_system_info().decode(errors="replace")
     rule = f"{SPLIT_MARGIN}|fastest of {SPLIT_REPEATS} rounds|undisturbed {SPLIT_DISTURBED}"

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tandem.config import tandem_home
 from tandem.errors import TandemError
 from tandem.models.integrity import folder_problem, gguf_problem, size_list, sizes_problem
 
@@ -101,11 +102,6 @@ REGISTRY: dict[str, ModelSpec] = {
 }
 
 TINY_MODELS = ("tiny-qwen2", "tiny-qwen2-b")  # two different seeds: a draft/target pair
-
-
-def tandem_home() -> Path:
-    """Cache root: $TANDEM_HOME or ~/.cache/tandem."""
-    return Path(os.environ.get("TANDEM_HOME") or Path.home() / ".cache" / "tandem")
 
 
 def prepared_dir(name: str) -> Path:

@@ -1,6 +1,7 @@
 """tandem.retrieval: what each side retrieves from, and how.
 
 Modules, bottom up:
+- `document`: `Document`, the unit of text every corpus holds;
 - `corpus`: documents from folders, JSONL files, or `stdlib` (skips binary/unreadable files);
 - `stdlib`: the public corpus (stdlib docstrings via `ast`) and its held-out evaluation split;
 - `chunking`: token-bounded chunks cut with the generating model's tokenizer;

@@ -27,7 +27,7 @@ from typing import Any
 
 from tandem.errors import TandemError
 from tandem.models.base import Tokenizer
-from tandem.retrieval.corpus import Document
+from tandem.retrieval.document import Document
 
 WORD = re.compile(r"\s*(\S+)")
 

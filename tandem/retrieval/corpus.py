@@ -16,12 +16,11 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 from tandem.errors import TandemError
+from tandem.retrieval.document import Document
 
 log = logging.getLogger("tandem.retrieval")
 
@@ -29,14 +28,6 @@ SkipHandler = Callable[[str, str], None]
 
 MAX_FILE_BYTES = 4 << 20  # larger files are skipped: they are data, not notes or code
 SKIPPED_DIRS = frozenset({"__pycache__", "node_modules", ".git", ".hg", ".svn", ".venv", "venv"})
-
-
-@dataclass(frozen=True, kw_only=True)
-class Document:
-    doc_id: str
-    text: str
-    source: str
-    meta: Mapping[str, Any] = field(default_factory=dict)
 
 
 def log_skip(path: str, reason: str) -> None:

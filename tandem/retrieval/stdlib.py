@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tandem.models.base import Tokenizer
-from tandem.retrieval.corpus import Document
+from tandem.retrieval.document import Document
 
 EXCLUDED_TOP = frozenset(
     {

@@ -6,8 +6,9 @@ Layers, bottom up (each usable without the ones above it)::
     control.py    session control: Start/Ready/End/Stats bodies, protocols' data frames
     wire.py       sans-I/O framing: encode_message(msg) -> bytes; FrameParser fed bytes
     handshake.py  sans-I/O handshake state machines (version, HMAC auth, model fingerprint)
+    emulator.py   the ByteStream protocol, LinkConfig + in-process link emulator (delay,
+                  jitter, rate, loss)
     channel.py    the Channel protocol, FramedChannel over a byte stream, memory_pair()
-    emulator.py   LinkConfig + in-process link emulator (delay, jitter, rate, loss)
     driver.py     asyncio TCP: connect() and serve(), optional TLS (tlsutil.py)
     loop.py       the event loop a process runs on: run(main()), uvloop where installed
     errors.py     the exception tree (TransportError > ProtocolError, HandshakeError, ...)

@@ -51,7 +51,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from tandem.transport.emulator import EmulatedStream, LinkConfig
+from tandem.transport.emulator import ByteStream, EmulatedStream, LinkConfig
 from tandem.transport.errors import (
     ChannelClosed,
     PeerDead,
@@ -129,16 +129,6 @@ class TransportConfig:
             model_name=self.model_name,
             capabilities=self.capabilities,
         )
-
-
-@runtime_checkable
-class ByteStream(Protocol):
-    """Ordered bytes in both directions (an asyncio StreamWriter/Reader pair, in short)."""
-
-    def write(self, data: bytes) -> None: ...  # buffered, never interleaves two writes
-    async def drain(self) -> None: ...  # wait until the write buffer has room
-    async def read(self) -> bytes: ...  # some bytes; b"" at end of stream
-    def close(self) -> None: ...
 
 
 @runtime_checkable

@@ -1,7 +1,8 @@
 """An in-process link emulator: one-way delay, jitter, bandwidth and loss on a byte stream.
 
-It owns `LinkConfig` (the knobs, named after netem's) and `EmulatedStream`, which wraps
-the write side of any byte stream (memory or TCP) so that every write reaches the inner
+It owns `ByteStream` (what every layer above moves bytes through: channel.py frames
+messages over one), `LinkConfig` (the knobs, named after netem's) and `EmulatedStream`, which
+wraps the write side of any byte stream (memory or TCP) so that every write reaches the inner
 stream at the time the emulated link would deliver it. Fast tests use it instead of
 network namespaces; the delay proxy (proxy.py) applies the same model between processes.
 
@@ -30,10 +31,17 @@ import asyncio
 import math
 import random
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol, runtime_checkable
 
-if TYPE_CHECKING:
-    from tandem.transport.channel import ByteStream
+
+@runtime_checkable
+class ByteStream(Protocol):
+    """Ordered bytes in both directions (an asyncio StreamWriter/Reader pair, in short)."""
+
+    def write(self, data: bytes) -> None: ...  # buffered, never interleaves two writes
+    async def drain(self) -> None: ...  # wait until the write buffer has room
+    async def read(self) -> bytes: ...  # some bytes; b"" at end of stream
+    def close(self) -> None: ...
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -35,9 +35,9 @@ def test_a_split_timed_while_the_cores_were_busy_is_timed_again_by_the_next_proc
 ):
     import json
 
-    from tandem.models import llamacpp, registry
+    from tandem.models import llamacpp
 
-    monkeypatch.setattr(registry, "tandem_home", lambda: tmp_path)
+    monkeypatch.setenv("TANDEM_HOME", str(tmp_path))
     lib = types.SimpleNamespace(llama_print_system_info=lambda: b"CPU : AVX2 = 1")
     lm = types.SimpleNamespace(_lib=lib, fingerprint="f", threads=1, flash_attn=False, name="m")
     busy = llamacpp.SPLIT_DISTURBED * 10
@@ -147,9 +147,9 @@ def test_a_split_call_is_fed_one_token_at_a_time_as_one_token_steps_are(real_lm,
 
 @pytest.mark.slow
 def test_the_split_is_measured_once_per_box_and_read_back(real_lm, monkeypatch, tmp_path):
-    from tandem.models import llamacpp, registry
+    from tandem.models import llamacpp
 
-    monkeypatch.setattr(registry, "tandem_home", lambda: tmp_path)
+    monkeypatch.setenv("TANDEM_HOME", str(tmp_path))
     monkeypatch.setattr(llamacpp, "_SPLITS_TIMED", {})  # as a new process: nothing timed yet
     split = llamacpp.calibrated_split(real_lm)
     (saved,) = (tmp_path / "calibration").glob("split-*.json")

@@ -8,7 +8,7 @@ from retrieval_fakes import BigramTokenizer, PairTokenizer, WordTokenizer
 from tandem.errors import TandemError
 from tandem.models.tiny import ByteTokenizer
 from tandem.retrieval.chunking import ChunkParams, chunk_document, chunk_spans, chunk_text
-from tandem.retrieval.corpus import Document
+from tandem.retrieval.document import Document
 
 TOKENIZERS = [ByteTokenizer(), PairTokenizer(), WordTokenizer(), BigramTokenizer()]
 TEXT = (

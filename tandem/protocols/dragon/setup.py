@@ -47,7 +47,7 @@ def set_threads(threads: int | None, role: str | None = None) -> None:
 def ensure_index(corpus: str, *, tokenizer, tokenizer_name: str, progress: bool = True) -> Path:
     """An index folder for `corpus`, built into the cache on first use (and again if the cached
     one is damaged); files of a folder that cannot be read are skipped with a warning."""
-    from tandem.models.registry import tandem_home
+    from tandem.config import tandem_home
     from tandem.retrieval.chunking import ChunkParams
     from tandem.retrieval.embedder import load_embedder
     from tandem.retrieval.index import MANIFEST, build_index, check_index
@@ -110,7 +110,8 @@ def load_side(
     lm=None,
 ) -> SideSetup:
     """Load (or reuse `lm`), index the corpus if needed, and profile decode latency."""
-    from tandem.models.registry import load_model, tandem_home
+    from tandem.config import tandem_home
+    from tandem.models.registry import load_model
     from tandem.protocols.dragon import Knowledge
     from tandem.protocols.dragon.profiler import cached_profile
 

@@ -45,7 +45,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tandem.models.base import Tokenizer
-from tandem.retrieval.corpus import Document
+from tandem.retrieval.document import Document
 
 KINDS = ("default", "name", "quote")
 SHARED_KINDS = (*KINDS, "code")

@@ -6,7 +6,7 @@ import pytest
 
 from tandem.models.tiny import ByteTokenizer
 from tandem.protocols.rapid.tasks import build_tasks, needles, rouge_l, score_answer
-from tandem.retrieval.corpus import Document
+from tandem.retrieval.document import Document
 
 
 def doc(module: str, qual: str, signature: str, body: str, kind: str = "function") -> Document:
