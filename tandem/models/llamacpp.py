@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from tandem.config import tandem_home
 from tandem.errors import TandemError
 from tandem.models.base import (
     CancelEvent,
@@ -609,8 +610,6 @@ def calibrated_split(lm: LlamaCppLM) -> int:
     context of the same model and cached per model, llama.cpp build, CPU and thread count; a
     timing disturbed by other work on the cores (SPLIT_DISTURBED) is taken again by the next
     processes, up to SPLIT_TRIES timings in all."""
-    from tandem.config import tandem_home
-
     info = lm._lib.llama_print_system_info().decode(errors="replace")
     rule = f"{SPLIT_MARGIN}|fastest of {SPLIT_REPEATS} rounds|undisturbed {SPLIT_DISTURBED}"
     key = f"{lm.fingerprint}|{info}|{_cpu_line()}|{lm.threads}|{lm.flash_attn}|{rule}"

@@ -75,7 +75,6 @@ Sans-I/O use (h11 style)::
 
 from tandem.transport.channel import (
     STALLED_BYE,
-    ByteStream,
     Channel,
     FramedChannel,
     MemoryStream,
@@ -85,7 +84,7 @@ from tandem.transport.channel import (
     memory_stream_pair,
 )
 from tandem.transport.driver import Server, TcpStream, connect, open_session, serve
-from tandem.transport.emulator import EmulatedStream, LinkConfig, LinkModel
+from tandem.transport.emulator import ByteStream, EmulatedStream, LinkConfig, LinkModel
 from tandem.transport.errors import (
     AuthenticationFailed,
     ChannelClosed,

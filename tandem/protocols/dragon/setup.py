@@ -21,6 +21,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from tandem.config import tandem_home
 from tandem.errors import TandemError
 
 CHUNK_TOKENS = 64  # DRAGON's document size (paper Sec. 7.3)
@@ -47,7 +48,6 @@ def set_threads(threads: int | None, role: str | None = None) -> None:
 def ensure_index(corpus: str, *, tokenizer, tokenizer_name: str, progress: bool = True) -> Path:
     """An index folder for `corpus`, built into the cache on first use (and again if the cached
     one is damaged); files of a folder that cannot be read are skipped with a warning."""
-    from tandem.config import tandem_home
     from tandem.retrieval.chunking import ChunkParams
     from tandem.retrieval.embedder import load_embedder
     from tandem.retrieval.index import MANIFEST, build_index, check_index
@@ -110,7 +110,6 @@ def load_side(
     lm=None,
 ) -> SideSetup:
     """Load (or reuse `lm`), index the corpus if needed, and profile decode latency."""
-    from tandem.config import tandem_home
     from tandem.models.registry import load_model
     from tandem.protocols.dragon import Knowledge
     from tandem.protocols.dragon.profiler import cached_profile
